@@ -97,7 +97,8 @@ func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 // in the LRU, each was refused, a client stalled a second: the bench's
 // last VIP lost a quarter of its connections per second so). A sweep of
 // a full table of 262144 entries takes milliseconds. Pressure is logged:
-// flows without room, or a table over 90% full.
+// flows without room (at once, then summed at most once a minute:
+// warnRefused), or a table over 90% full.
 func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
@@ -126,7 +127,26 @@ type ctCollector struct {
 	next    time.Duration
 	last    time.Time
 	refused uint64
+	// warned is when refusals were last logged (zero: never); unlogged
+	// how many the collections counted that are not logged yet, held
+	// whether a poll kept some of them back; table the last collection
+	// that counted some (warnRefused).
+	warned   time.Time
+	unlogged uint64
+	held     bool
+	table    datapath.ConntrackStats
 }
+
+// refusalWarnEvery is how often at most the collector warns of flows the
+// table had no room for. A flood (a SYN flood, a client opening flows
+// faster than they expire) refuses flows every second, and each refusal
+// makes the collector collect at once, so a warning per collection was
+// one a second for as long as the flood lasted: the first says what is
+// happening, and then one a minute, with the refusals summed since the
+// last, says that it goes on and how hard, as the device watch's
+// "changes missed" warning is rate-limited. The refusal counter and the
+// metrics count every refusal still.
+const refusalWarnEvery = time.Minute
 
 // newCTCollector starts the collector's state at now(), with the
 // refusal counter as it is then.
@@ -143,8 +163,43 @@ func newCTCollector(m conntrackGC, every time.Duration, now func() time.Time, lo
 // poll is one of runConntrackGC's polls (every second): it collects if
 // the datapath had no room for flows since the last collection, if the
 // interval in force has passed since it, or if the table is filling up,
-// and says whether it collected (failed collections included).
+// and says whether it collected (failed collections included); then it
+// logs the refusals not logged yet if it is time to (warnRefused).
 func (g *ctCollector) poll() bool {
+	collected := g.collect()
+	g.warnRefused()
+	return collected
+}
+
+// warnRefused logs the refusals counted and not logged yet: at once if
+// none were logged for refusalWarnEvery (the first of a flood), with the
+// collection that counted them; else once that long has passed since
+// the last warning, summed, with that time ("over") and the table as the
+// last collection that counted some found it. A flood that stops leaves
+// its last refusals to the first poll refusalWarnEvery after the last
+// warning, whether that poll collects or not.
+func (g *ctCollector) warnRefused() {
+	if g.unlogged == 0 {
+		return
+	}
+	now := g.now()
+	if !g.warned.IsZero() && now.Sub(g.warned) < refusalWarnEvery {
+		g.held = true
+		return
+	}
+	const msg = "conntrack table or half-open share full: new flows refused or kept in the LRU"
+	st := &g.table
+	if !g.held { // this poll's collection counted them all
+		g.log.Warn(msg, "refused", g.unlogged, "established", st.Live, "max", st.Max, "deleted", st.Deleted)
+	} else {
+		g.log.Warn(msg, "refused", g.unlogged, "over", now.Sub(g.warned), "established", st.Live, "max", st.Max)
+	}
+	g.warned, g.unlogged, g.held = now, 0, false
+}
+
+// collect is poll's collection, if one is due; it says whether it
+// collected.
+func (g *ctCollector) collect() bool {
 	r, err := g.m.ConntrackRefused()
 	if err == nil && r == g.refused && g.now().Sub(g.last) < g.next && !filling(g.m, g.log) {
 		return false
@@ -166,8 +221,8 @@ func (g *ctCollector) poll() bool {
 	}
 	switch {
 	case st.Refused > g.refused:
-		g.log.Warn("conntrack table or half-open share full: new flows refused or kept in the LRU", "refused", st.Refused-g.refused,
-			"established", st.Live, "max", st.Max, "deleted", st.Deleted)
+		g.unlogged += st.Refused - g.refused
+		g.table = st // logged by warnRefused
 	case st.Live*10 >= st.Max*9:
 		g.log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
 	case st.Deleted > 0:

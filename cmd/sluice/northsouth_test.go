@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -169,6 +170,77 @@ func TestConntrackGCPressure(t *testing.T) {
 	if n := strings.Count(out.String(), "level=WARN"); n != 2 {
 		t.Errorf("%d warnings, want 2 (refused flows, nearly full); log:\n%s", n, out.String())
 	}
+}
+
+// TestConntrackGCRefusalWarningsLimited: a flood that makes the datapath
+// refuse flows before every poll for 90 seconds (every poll collects at
+// once) logs its first refusals at once, then at most one warning a
+// minute with the refusals summed since the last one: a minute into the
+// flood, and the flood's last 29 seconds a minute after that, though the
+// flood has ended and no poll collects then. Every refusal is in one
+// warning, and the collector's counter follows the datapath's. A refusal
+// after a quiet minute is logged at once again. Before, each of the 90
+// collections warned.
+func TestConntrackGCRefusalWarningsLimited(t *testing.T) {
+	var out testutil.Buffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	f := &fakeCT{live: 100}
+	p := newCTPolls(t, f, time.Hour, log)
+	const msg = `level=WARN msg="conntrack table or half-open share full: new flows refused or kept in the LRU" `
+	warnings := func() []string {
+		var ws []string
+		for line := range strings.Lines(out.String()) {
+			if strings.Contains(line, "level=WARN") {
+				ws = append(ws, strings.TrimSpace(line[strings.Index(line, "level=WARN"):]))
+			}
+		}
+		return ws
+	}
+	want := func(why string, lines ...string) {
+		t.Helper()
+		got, wanted := warnings(), make([]string, len(lines))
+		for i, l := range lines {
+			wanted[i] = msg + l
+		}
+		if !slices.Equal(got, wanted) {
+			t.Fatalf("%s: warnings\n%s\nwant\n%s", why, strings.Join(got, "\n"), strings.Join(wanted, "\n"))
+		}
+	}
+
+	// Seconds 1 to 90: 3 refused before each poll.
+	for s := 1; s <= 90; s++ {
+		f.refused += 3
+		p.poll(true, "flows refused since the last collection")
+		if s == 60 {
+			want("a minute into the flood", "refused=3 established=100 max=1000 deleted=0")
+		}
+	}
+	if p.g.refused != f.refused {
+		t.Errorf("the collector's refusal counter is %d, the datapath's %d", p.g.refused, f.refused)
+	}
+	want("the flood's 90 collections", "refused=3 established=100 max=1000 deleted=0",
+		"refused=180 over=1m0s established=100 max=1000") // seconds 2 to 61
+	// Seconds 91 to 120: no refusal, no collection; 121: a minute after
+	// the last warning, the flood's last refusals (seconds 62 to 90).
+	for range 30 {
+		p.poll(false, "no flow refused since the flood, the hour not passed")
+	}
+	want("30 quiet seconds after the flood", "refused=3 established=100 max=1000 deleted=0",
+		"refused=180 over=1m0s established=100 max=1000")
+	p.poll(false, "no flow refused since the flood, the hour not passed")
+	flood := []string{"refused=3 established=100 max=1000 deleted=0",
+		"refused=180 over=1m0s established=100 max=1000", "refused=87 over=1m0s established=100 max=1000"}
+	want("a minute after the last warning", flood...)
+	if sum := 3 + 180 + 87; uint64(sum) != f.refused {
+		t.Errorf("the warnings sum %d refusals, the datapath counted %d", sum, f.refused)
+	}
+	// A quiet minute and more, then a refusal: logged at once.
+	for range 70 {
+		p.poll(false, "no flow refused, the hour not passed")
+	}
+	f.refused++
+	p.poll(true, "a flow refused since the last collection")
+	want("a refusal after a quiet minute", append(flood, "refused=1 established=100 max=1000 deleted=0")...)
 }
 
 // TestConntrackGCFillingUp: a table that expired entries of short flows

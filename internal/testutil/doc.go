@@ -13,7 +13,8 @@
 // benchmark's sizes (ScaleSizes), the process's CPU time (CPUTime), another
 // process's CPU ticks and memory from /proc (ReadProcTicks,
 // ReadProcStatusKB), the last lines of a log (LastLines), a
-// /metrics scrape (Scrape, Samples), the module's root directory
+// /metrics scrape (Scrape, Samples), the frontends /readyz?verbose lists
+// as not programmed (NotProgrammed), the module's root directory
 // (ModuleRoot), distinct free loopback ports (FreePorts) and the
 // decisions a fuzz target takes from the fuzzer's bytes (Choices). The
 // subpackages are the larger pieces:

@@ -183,9 +183,6 @@ type Agent struct {
 	appliedN uint64       // newest generation applied as far as it can be
 	inSync   bool         // the datapath matched appliedN after its apply
 	lastErr  error        // transient error of the last apply, if any
-	// failures are the frontends the last apply could not program, by
-	// frontend, permanent or not.
-	failures map[model.L4Addr]*reconciler.FrontendError
 	wake     chan struct{}
 	// applying says an Apply was started (BeforeFirstApply called);
 	// the apply goroutine's.
@@ -303,8 +300,9 @@ func (a *Agent) Submit(s *model.State) {
 }
 
 // Ready returns nil once a desired state has been received and everything
-// of the newest one that can be programmed is (Unprogrammed lists what
-// cannot), else the reason it is not.
+// of the newest one that can be programmed is (the FailureObservers are
+// told what cannot: /readyz lists it, pkg/health's Unprogrammed), else
+// the reason it is not.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -336,21 +334,6 @@ type notReady struct {
 func (e *notReady) Error() string { return e.why + ": " + e.err.Error() }
 func (e *notReady) Unwrap() error { return e.err }
 func (e *notReady) Short() string { return e.why }
-
-// Unprogrammed describes, one line each, the frontends the last apply could
-// not program: their Service, the reason ("capacity" and "invalid" are
-// permanent: retried when the desired state changes; "write" is retried
-// with backoff) and the error. Empty when everything is programmed.
-func (a *Agent) Unprogrammed() []string {
-	a.mu.Lock()
-	failures := sortedFailures(a.failures)
-	a.mu.Unlock()
-	out := make([]string, len(failures))
-	for i, f := range failures {
-		out[i] = f.Reason() + ": " + f.Error()
-	}
-	return out
-}
 
 // sortedFailures returns the failures by Service (as spelled), then
 // frontend.
@@ -440,7 +423,6 @@ func (a *Agent) applyNewest() error {
 	a.mu.Lock()
 	a.lastErr = transient
 	a.inSync = inSync
-	a.failures = failures
 	if applied {
 		a.appliedN = n
 	}

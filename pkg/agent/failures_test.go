@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -84,23 +85,40 @@ func namedState(n int) *model.State {
 	return s
 }
 
-func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, chanSource, *testutil.Buffer) {
+// failingAgent is an agent under test and the health.Unprogrammed
+// observer that /readyz reports its failures from, as runAgent gives it.
+type failingAgent struct {
+	*Agent
+	t            *testing.T
+	unprogrammed *health.Unprogrammed
+}
+
+// notProgrammed returns the frontends /readyz?verbose on the metrics
+// address lists as not programmed, one line each.
+func (a *failingAgent) notProgrammed() []string {
+	a.t.Helper()
+	return testutil.NotProgrammed(a.t, health.VerboseReadyz(a.Ready, a.unprogrammed))
+}
+
+func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*failingAgent, chanSource, *testutil.Buffer) {
 	t.Helper()
 	if cfg.RetryMin == 0 {
 		cfg.RetryMin, cfg.RetryMax = time.Millisecond, 4*time.Millisecond
 	}
+	u := health.NewUnprogrammed()
+	cfg.Observers = append(slices.Clip(cfg.Observers), u)
 	logs := &testutil.Buffer{}
 	a := New(cfg, fakeDatapath{&recorder{}}, recon, slog.New(slog.NewTextHandler(logs, nil)))
 	src := chanSource{states: make(chan *model.State)}
 	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
-	return a, src, logs
+	return &failingAgent{Agent: a, t: t, unprogrammed: u}, src, logs
 }
 
 var errCapacity = fmt.Errorf("%w (3 new service entries: 62 in use of 64); previous programming kept", reconciler.ErrCapacity)
 
 // A Service that can never fit as asked (a permanent failure) does not
 // keep the agent unready or retrying: the others are programmed, the
-// agent is ready, the Service is reported (observers, Unprogrammed, one
+// agent is ready, the Service is reported (observers, /readyz, one
 // log line however many resyncs), and it is tried again only when a new
 // desired state arrives.
 func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
@@ -128,9 +146,9 @@ func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 	if n := recon.calls(); n != calls {
 		t.Errorf("Apply called %d more times with nothing changed: a permanent failure is retried", n-calls)
 	}
-	un := a.Unprogrammed()
+	un := a.notProgrammed()
 	if len(un) != 1 || !strings.Contains(un[0], "default/svc-2") || !strings.HasPrefix(un[0], "capacity: ") {
-		t.Errorf("Unprogrammed() = %q, want default/svc-2 for capacity", un)
+		t.Errorf("/readyz?verbose lists %q as not programmed, want default/svc-2 for capacity", un)
 	}
 	obs.mu.Lock()
 	if len(obs.failures) != 1 || obs.failures[0].Frontend != badFE || obs.failures[0].Reason() != "capacity" {
@@ -153,7 +171,7 @@ func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 	recon.fail = func(model.L4Addr, int) error { return nil }
 	recon.mu.Unlock()
 	src.states <- namedState(2)
-	eventually(t, "the Service programmed after a change", func() bool { return len(a.Unprogrammed()) == 0 && a.Ready() == nil })
+	eventually(t, "the Service programmed after a change", func() bool { return len(a.notProgrammed()) == 0 && a.Ready() == nil })
 	if n := strings.Count(logs.String(), "service not programmed"); n != 1 {
 		t.Errorf("the permanent failure was logged %d times, want once:\n%s", n, logs)
 	}
@@ -194,7 +212,7 @@ func TestPermanentFailureLoggedOncePerChange(t *testing.T) {
 
 // Maps that are full fail every Service after them at once: the first
 // maxLogged are logged one by one, the rest in one line; so is their
-// recovery. Every one of them is still reported (Unprogrammed, observers).
+// recovery. Every one of them is still reported (/readyz, observers).
 func TestManyPermanentFailuresLoggedInFew(t *testing.T) {
 	const n = maxLogged + 40
 	var full atomic.Bool
@@ -207,7 +225,7 @@ func TestManyPermanentFailuresLoggedInFew(t *testing.T) {
 	}}
 	a, src, logs := startFailing(t, Config{}, recon)
 	src.states <- namedState(n)
-	eventually(t, "ready with every Service failing permanently", func() bool { return a.Ready() == nil && len(a.Unprogrammed()) == n })
+	eventually(t, "ready with every Service failing permanently", func() bool { return a.Ready() == nil && len(a.notProgrammed()) == n })
 	eventually(t, "the failures logged", func() bool { return strings.Contains(logs.String(), "more services not programmed") })
 	if got := strings.Count(logs.String(), "service not programmed; the others are"); got != maxLogged {
 		t.Errorf("%d failures logged one by one, want %d:\n%s", got, maxLogged, logs)
@@ -217,7 +235,7 @@ func TestManyPermanentFailuresLoggedInFew(t *testing.T) {
 	}
 	full.Store(false)
 	src.states <- namedState(n)
-	eventually(t, "all programmed", func() bool { return len(a.Unprogrammed()) == 0 })
+	eventually(t, "all programmed", func() bool { return len(a.notProgrammed()) == 0 })
 	eventually(t, "the recovery logged", func() bool { return strings.Contains(logs.String(), "more services no longer failing") })
 	if got := strings.Count(logs.String(), "service no longer failing"); got != maxLogged {
 		t.Errorf("%d recoveries logged one by one, want %d:\n%s", got, maxLogged, logs)
@@ -244,8 +262,8 @@ func TestTransientFrontendFailureRetried(t *testing.T) {
 		err := a.Ready()
 		return err != nil && strings.Contains(err.Error(), "EIO")
 	})
-	if un := a.Unprogrammed(); len(un) != 1 || !strings.HasPrefix(un[0], "write: ") {
-		t.Errorf("Unprogrammed() = %q while the write fails, want the frontend with reason write", un)
+	if un := a.notProgrammed(); len(un) != 1 || !strings.HasPrefix(un[0], "write: ") {
+		t.Errorf("/readyz?verbose lists %q as not programmed while the write fails, want the frontend with reason write", un)
 	}
 	eventually(t, "ready after the retries", func() bool { return a.Ready() == nil })
 	if n := recon.calls(); n != 21 {
@@ -284,8 +302,8 @@ func TestPermanentAndTransientFailures(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "EIO")
 	})
 	eventually(t, "ready once only the permanent failure is left", func() bool { return a.Ready() == nil })
-	if un := a.Unprogrammed(); len(un) != 1 || !strings.Contains(un[0], "default/svc-1") {
-		t.Errorf("Unprogrammed() = %q, want default/svc-1 alone", un)
+	if un := a.notProgrammed(); len(un) != 1 || !strings.Contains(un[0], "default/svc-1") {
+		t.Errorf("/readyz?verbose lists %q as not programmed, want default/svc-1 alone", un)
 	}
 	if n := recon.calls(); n != 21 {
 		t.Errorf("Apply called %d times, want 21 (20 with the write failing)", n)

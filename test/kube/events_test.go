@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/agent"
+	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
@@ -37,10 +38,25 @@ func eventsOn(c kubernetes.Interface, ns, name string) ([]eventsv1.Event, error)
 	return l.Items, nil
 }
 
+// eventsAgent is the agent startEventsAgent runs, with the
+// health.Unprogrammed observer /readyz reports its failures from, as
+// runAgent gives it.
+type eventsAgent struct {
+	*agent.Agent
+	unprogrammed *health.Unprogrammed
+}
+
+// notProgrammed returns the frontends /readyz?verbose on the metrics
+// address lists as not programmed, one line each.
+func (a *eventsAgent) notProgrammed(t *testing.T) []string {
+	t.Helper()
+	return testutil.NotProgrammed(t, health.VerboseReadyz(a.Ready, a.unprogrammed))
+}
+
 // startEventsAgent runs, until the test ends, the Kubernetes source (its
 // real event broadcaster, with the agent's identity) and an agent over dp,
 // with many syncs and resyncs, each finding the causes to report again.
-func startEventsAgent(t *testing.T, env *kubeenv.Env, dp reconciler.Datapath) (*kube.Source, *agent.Agent) {
+func startEventsAgent(t *testing.T, env *kubeenv.Env, dp reconciler.Datapath) (*kube.Source, *eventsAgent) {
 	t.Helper()
 	client, err := kubernetes.NewForConfig(env.AgentConfig)
 	if err != nil {
@@ -58,9 +74,10 @@ func startEventsAgent(t *testing.T, env *kubeenv.Env, dp reconciler.Datapath) (*
 		t.Fatal(err)
 	}
 	rec := reconciler.New(dp, log.With("component", "reconciler"))
-	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, testutil.NoPrograms{}, rec, log.With("component", "agent"))
+	u := health.NewUnprogrammed()
+	a := agent.New(agent.Config{Observers: []agent.Observer{src, u}, Resync: 300 * time.Millisecond}, testutil.NoPrograms{}, rec, log.With("component", "agent"))
 	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
-	return src, a
+	return src, &eventsAgent{Agent: a, unprogrammed: u}
 }
 
 // waitEvent waits for exactly one event with reason on Service ns/name and
@@ -252,7 +269,7 @@ func TestEventSeriesWhenCauseComesBack(t *testing.T) {
 		if !src.Synced() {
 			return errors.New("not synced")
 		}
-		if u := a.Unprogrammed(); len(u) > 0 {
+		if u := a.notProgrammed(t); len(u) > 0 {
 			return fmt.Errorf("not programmed: %v", u)
 		}
 		return nil

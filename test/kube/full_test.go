@@ -84,7 +84,7 @@ func TestFullMapsReportedBounded(t *testing.T) {
 	before := inMaps()
 	slices.Sort(before)
 	leftOut := n - len(before)
-	if got := len(a.Unprogrammed()); got != leftOut {
+	if got := len(a.notProgrammed(t)); got != leftOut {
 		t.Errorf("%d frontends reported not programmed, want the %d Services left out", got, leftOut)
 	}
 
@@ -178,7 +178,7 @@ func TestFullMapsReportedBounded(t *testing.T) {
 				return fmt.Errorf("deleted Service %s still programmed", name)
 			}
 		}
-		if got := len(a.Unprogrammed()); got != leftOut-len(before) {
+		if got := len(a.notProgrammed(t)); got != leftOut-len(before) {
 			return fmt.Errorf("%d not programmed, want %d", got, leftOut-len(before))
 		}
 		return nil

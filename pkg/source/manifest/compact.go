@@ -94,6 +94,11 @@ func (c *compacter) sharePtr(p *string) *string {
 // shared with svc; its names are key's (the loader's copies).
 func (c *compacter) service(svc *corev1.Service, key types.NamespacedName) *translate.Service {
 	s := translate.ServiceOf(svc)
+	// What the API server refuses for a new Service's externalIPs, which
+	// a manifest may name: the Service is refused as any invalid one.
+	if s.Invalid == nil {
+		s.Invalid = translate.CheckExternalIPs(svc)
+	}
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion = strings.Clone(s.ResourceVersion)
 	s.ProxyName = c.sharePtr(s.ProxyName)

@@ -1329,7 +1329,7 @@ func (d *fastDecoder) compactEndpoint(t discoveryv1.AddressType, p *packing, mem
 	// An address the API server refuses (127.0.0.1, 169.254.169.254)
 	// is left to object, whose endpointAddresses declines it, and so to
 	// the slice's validation, which says why (compacter.slice).
-	if !ok || !hasPrefix(b[j:], conds) || translate.EndpointIPRefusal(netip.AddrFrom4(a)) != "" {
+	if !ok || !hasPrefix(b[j:], conds) || translate.EndpointIPRefusal(netip.AddrFrom4(a), unsafe.String(&b[len(addrs)], j-len(addrs))) != "" {
 		return false
 	}
 	j += len(conds)
@@ -1394,10 +1394,11 @@ func (d *fastDecoder) endpointAddresses(t discoveryv1.AddressType) netip.Addr {
 			panic(errNoPack)
 		}
 		d.endOfValue()
-		ip, ok := translate.EndpointAddress(t, unsafe.String(unsafe.SliceData(raw), len(raw)))
+		a := unsafe.String(unsafe.SliceData(raw), len(raw))
+		ip, ok := translate.EndpointAddress(t, a)
 		// An address the API server refuses for an endpoint is left to
 		// the slice's validation, which refuses it (compacter.slice).
-		if !ok || translate.EndpointIPRefusal(ip) != "" {
+		if !ok || translate.EndpointIPRefusal(ip, a) != "" {
 			panic(errNoPack)
 		}
 		if n == 0 {

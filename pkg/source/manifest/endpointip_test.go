@@ -13,12 +13,12 @@ import (
 var endpointIPCases = []struct{ family, addr, why string }{
 	{"IPv4", "127.0.0.1", "may not be in the loopback range (127.0.0.0/8, ::1/128)"},
 	{"IPv4", "169.254.169.254", "may not be in the link-local range (169.254.0.0/16, fe80::/10)"},
-	{"IPv4", "0.0.0.0", "may not be unspecified"},
+	{"IPv4", "0.0.0.0", "may not be unspecified (0.0.0.0)"},
 	{"IPv4", "224.0.0.251", "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"},
 	{"IPv4", "::ffff:169.254.169.254", "may not be in the link-local range (169.254.0.0/16, fe80::/10)"},
 	{"IPv6", "::1", "may not be in the loopback range (127.0.0.0/8, ::1/128)"},
 	{"IPv6", "fe80::1", "may not be in the link-local range (169.254.0.0/16, fe80::/10)"},
-	{"IPv6", "::", "may not be unspecified"},
+	{"IPv6", "::", "may not be unspecified (::)"},
 	{"IPv6", "ff02::fb", "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"},
 }
 

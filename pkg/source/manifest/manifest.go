@@ -852,13 +852,13 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 		var svc *corev1.Service
 		if svc, err = decodeAs(pre.svc, js, key.Namespace); err == nil {
 			o.svc = l.compact.service(svc, key.NamespacedName)
-			err = o.svc.Invalid // translate.ValidateService's
+			err = o.svc.Invalid // translate.ValidateService's, or CheckExternalIPs'
 		}
 	case kindSlice:
 		var es *discoveryv1.EndpointSlice
 		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
 			o.slice = l.compact.slice(es, key.NamespacedName, pre)
-			err = o.slice.Invalid // translate.ValidateEndpointSlice's
+			err = o.slice.Invalid // translate.ValidateEndpointSlice's, or CheckEndpointIPs'
 		}
 		if err == nil {
 			_, o.hasOwner = o.slice.ServiceName()

@@ -30,8 +30,10 @@ func apiServerRefuses(a string) bool {
 // next to each range are accepted by all. The verdicts agree with the API
 // server's, on net.IP.
 func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
+	// The API server's words for an unspecified address quote it as
+	// written: fmt.Sprintf("may not be unspecified (%v)", ipAddress).
+	unspecified := func(a string) string { return "may not be unspecified (" + a + ")" }
 	const (
-		unspecified = "may not be unspecified"
 		loopback    = "may not be in the loopback range (127.0.0.0/8, ::1/128)"
 		linkLocal   = "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
 		llMulticast = "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
@@ -43,7 +45,7 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 		addr   string
 		why    string // "": accepted
 	}{
-		{v4, "0.0.0.0", unspecified},
+		{v4, "0.0.0.0", unspecified("0.0.0.0")},
 		{v4, "127.0.0.1", loopback},
 		{v4, "127.255.255.254", loopback},
 		{v4, "169.254.169.254", linkLocal}, // the cloud metadata address
@@ -52,7 +54,7 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 		{v4, "224.0.0.0", llMulticast},
 		{v4, "::ffff:127.0.0.1", loopback},
 		{v4, "::ffff:169.254.169.254", linkLocal},
-		{v4, "::ffff:0.0.0.0", unspecified},
+		{v4, "::ffff:0.0.0.0", unspecified("::ffff:0.0.0.0")},
 		{v4, "::ffff:224.0.0.1", llMulticast},
 		{v4, "10.0.0.1", ""},
 		{v4, "126.255.255.255", ""},
@@ -61,8 +63,8 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 		{v4, "169.255.0.1", ""},
 		{v4, "224.0.1.1", ""}, // global multicast: the API server takes it
 		{v4, "::ffff:10.0.0.1", ""},
-		{v6, "::", unspecified},
-		{v6, "0:0:0:0:0:0:0:0", unspecified},
+		{v6, "::", unspecified("::")},
+		{v6, "0:0:0:0:0:0:0:0", unspecified("0:0:0:0:0:0:0:0")},
 		{v6, "::1", loopback},
 		{v6, "fe80::1", linkLocal},
 		{v6, "febf:ffff::1", linkLocal},
@@ -104,8 +106,8 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 			if _, ok := EndpointAddress(c.family, c.addr); !ok {
 				t.Errorf("EndpointAddress(%s, %q) refused it; kube-proxy takes it", c.family, c.addr)
 			}
-			if ip, ok := parseIPSloppy(c.addr); !ok || EndpointIPRefusal(ip) != c.why {
-				t.Errorf("EndpointIPRefusal(%s) = %q, want %q", c.addr, EndpointIPRefusal(ip), c.why)
+			if ip, ok := parseIPSloppy(c.addr); !ok || EndpointIPRefusal(ip, c.addr) != c.why {
+				t.Errorf("EndpointIPRefusal(%s) = %q, want %q", c.addr, EndpointIPRefusal(ip, c.addr), c.why)
 			}
 		})
 	}
@@ -114,7 +116,7 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 	for _, a := range []string{"127.0.0.1", "169.254.169.254", "0.0.0.0", "224.0.0.5"} {
 		ip, _ := parseIPSloppy(a)
 		mapped := ip.As16()
-		if why := EndpointIPRefusal(netip.AddrFrom16(mapped)); why == "" {
+		if why := EndpointIPRefusal(netip.AddrFrom16(mapped), "::ffff:"+a); why == "" {
 			t.Errorf("EndpointIPRefusal(::ffff:%s held mapped) accepted it", a)
 		}
 	}

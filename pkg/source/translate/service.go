@@ -48,8 +48,10 @@ type Service struct {
 	// Affinity is the sessionAffinity ClientIP timeout, 0 for none
 	// (affinityTimeout).
 	Affinity time.Duration
-	// Invalid is what ValidateService said of it (nil: valid). The
-	// fields below are set only for a valid Service.
+	// Invalid is what ValidateService said of it (nil: valid); the
+	// manifest source sets CheckExternalIPs' refusal there too, and
+	// keeps no Service it set. The fields below are set only for a
+	// Service ValidateService took.
 	Invalid error
 	// ClusterIPs are its ClusterIPs, at most one per family (clusterIPs).
 	ClusterIPs []netip.Addr

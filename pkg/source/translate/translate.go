@@ -798,7 +798,7 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 			if !ok {
 				continue
 			}
-			if why := EndpointIPRefusal(ip); why != "" {
+			if why := EndpointIPRefusal(ip, a); why != "" {
 				return failer{prefix: "endpointslice", ns: es.Namespace, name: es.Name}.fail("endpoints[%d]: address %q %s", i, a, why)
 			}
 		}
@@ -806,20 +806,48 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 	return nil
 }
 
-// EndpointIPRefusal says why the API server refuses ip as an endpoint's
-// address, in its words ("": it does not), for a source that parses
-// addresses its own way: its ValidateEndpointIP
-// (pkg/apis/core/validation), which EndpointSlice validation applies to
-// every address of an IPv4 or IPv6 slice it creates or whose endpoints
-// an update changes (CheckEndpointIPs). A manifest could name 127.0.0.1
-// or the cloud metadata address 169.254.169.254, which the node's
-// sockets would then be sent to. An IPv4-mapped address is judged as the IPv4 one, as net.IP's
-// methods judge it there.
-func EndpointIPRefusal(ip netip.Addr) string {
+// CheckExternalIPs refuses a Service an externalIPs entry of which the
+// API server refuses for a new Service, naming the Service, the entry's
+// index, the address and why; svc is valid otherwise (ValidateService).
+// ValidateService there checks that every new entry parses and then, "for
+// historical reasons", applies the endpoint address rule to it
+// (ValidateEndpointIP, so EndpointIPRefusal: unspecified, loopback,
+// link-local, link-local multicast). A manifest could name 127.0.0.1 or
+// 169.254.169.254, and the node's connections there would reach the
+// Service's endpoints. For the manifest source only:
+// the API server keeps an entry the Service held before it checked them
+// (ValidateService's existingExternalIPs, on every update), and
+// kube-proxy serves it, so the Kubernetes source does too.
+func CheckExternalIPs(svc *corev1.Service) error {
+	for i, a := range svc.Spec.ExternalIPs {
+		ip, ok := parseIPSloppy(a)
+		if !ok {
+			continue // ValidateService's to refuse
+		}
+		if why := EndpointIPRefusal(ip, a); why != "" {
+			return failer{prefix: "service", ns: svc.Namespace, name: svc.Name}.fail("externalIPs[%d]: address %q %s", i, a, why)
+		}
+	}
+	return nil
+}
+
+// EndpointIPRefusal says why the API server refuses ip (written is the
+// address as the object writes it) as an endpoint's address, in its
+// words ("": it does not), for a source that parses addresses its own
+// way: its ValidateEndpointIP (pkg/apis/core/validation), which
+// EndpointSlice validation applies to every address of an IPv4 or IPv6
+// slice it creates or whose endpoints an update changes
+// (CheckEndpointIPs). A manifest could name 127.0.0.1 or the cloud
+// metadata address 169.254.169.254, which the node's sockets would then
+// be sent to. An IPv4-mapped address is judged as the IPv4 one, as
+// net.IP's methods judge it there. Only the words for an unspecified
+// address quote it, as written, as the API server's do (it formats its
+// string): an acceptance, and any other refusal, allocate nothing.
+func EndpointIPRefusal(ip netip.Addr, written string) string {
 	ip = ip.Unmap()
 	switch {
 	case ip.IsUnspecified():
-		return "may not be unspecified"
+		return "may not be unspecified (" + written + ")"
 	case ip.IsLoopback():
 		return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
 	case ip.IsLinkLocalUnicast():
