@@ -135,6 +135,10 @@ type ctCollector struct {
 	unlogged uint64
 	held     bool
 	table    datapath.ConntrackStats
+	// fullWarned is when a nearly full table was last logged (zero:
+	// never): at most once a refusalWarnEvery too, as a table that
+	// stays over 90% full is collected every second.
+	fullWarned time.Time
 }
 
 // refusalWarnEvery is how often at most the collector warns of flows the
@@ -224,7 +228,10 @@ func (g *ctCollector) collect() bool {
 		g.unlogged += st.Refused - g.refused
 		g.table = st // logged by warnRefused
 	case st.Live*10 >= st.Max*9:
-		g.log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
+		if now := g.now(); g.fullWarned.IsZero() || now.Sub(g.fullWarned) >= refusalWarnEvery {
+			g.log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
+			g.fullWarned = now
+		}
 	case st.Deleted > 0:
 		g.log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
 			"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)

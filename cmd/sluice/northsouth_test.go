@@ -172,6 +172,26 @@ func TestConntrackGCPressure(t *testing.T) {
 	}
 }
 
+// TestConntrackGCNearlyFullWarningsLimited: a table that stays over 90%
+// full is collected every second (over 3/4 full), and said so at most
+// once a minute: the first collection that finds it so, then a minute
+// later. Before, every collection warned.
+func TestConntrackGCNearlyFullWarningsLimited(t *testing.T) {
+	var out testutil.Buffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	f := &fakeCT{live: 950, entries: 950}
+	p := newCTPolls(t, f, time.Hour, log)
+	for s := 1; s <= 90; s++ {
+		p.poll(true, "a table over 3/4 full, collected every second")
+	}
+	if f.runs != 90 {
+		t.Fatalf("%d collections in 90 seconds of a table over 3/4 full, want 90", f.runs)
+	}
+	if n := strings.Count(out.String(), `level=WARN msg="conntrack table nearly full" established=950`); n != 2 {
+		t.Errorf("%d nearly-full warnings in 90 collections, want 2 (seconds 1 and 61); log:\n%s", n, out.String())
+	}
+}
+
 // TestConntrackGCRefusalWarningsLimited: a flood that makes the datapath
 // refuse flows before every poll for 90 seconds (every poll collects at
 // once) logs its first refusals at once, then at most one warning a
