@@ -303,3 +303,35 @@ func TestUDPFlowsRecordsBounded(t *testing.T) {
 		t.Fatalf("flushed %v, want %v last and nothing else", fl, bs[3].L4Addr)
 	}
 }
+
+// TestUDPRetiredAfterRestart pins what an agent restart loses (README,
+// UDP flush scope): the maps do not say which backends a retired UDP
+// master's flows use, so the restarted agent keeps the retired master
+// (timed from the restore) but not the entry of a backend only it held,
+// which goes, flushed, at the first sync; a frontend programmed at its
+// address later flushes nothing for it.
+func TestUDPRetiredAfterRestart(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	mustApply(t, r, state(udpLB(false, b1)...))
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed %v at the removal", fl)
+	}
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
+	}
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
+		t.Fatalf("flushed %v at the first sync after the restart, want %v", fl, b2.L4Addr)
+	}
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
+	if fl := f.Flushed(); len(fl) != 1 {
+		t.Errorf("flushed %v when another Service took the address after the restart, want nothing more", fl)
+	}
+}
