@@ -612,9 +612,12 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	m.SetFullSync(rec.LastApplyFull) // kube-proxy's full and partial sync durations
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
-	// A removed TCP frontend's established flows live on under a retired
-	// master until conntrack would have let them idle out (retired.go).
+	// A removed frontend's established flows live on under a retired
+	// master until conntrack would have let them idle out (retired.go;
+	// a UDP one's backends held and flushed if another Service takes its
+	// address and port: udpretired.go).
 	rec.SetRetireTimeout(dpCfg.CTTimeoutTCP)
+	rec.SetUDPRetireTimeout(dpCfg.CTTimeoutUDP)
 	// Their gauge, and their entries in the rev_nat and services fill
 	// ratios, which the programmed state does not count.
 	m.SetRetiredCounter(rec.RetiredCounts)

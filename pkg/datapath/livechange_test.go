@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -13,10 +12,10 @@ import (
 // Live changes to a Service and the flows it has: a port's protocol
 // changed, its type changed, a family removed, the Service deleted and
 // created again. Each test programmes Services with the production
-// reconciler (retirement on, as the agent runs it), opens flows through
-// tc's BPF_PROG_TEST_RUN, applies the change and checks what the
-// established flows' packets and new flows get, against kube-proxy
-// (v1.36.3, k8s.io/kubernetes/pkg/proxy):
+// reconciler (retirement on for TCP and UDP, as the agent runs it),
+// opens flows through tc's BPF_PROG_TEST_RUN, applies the change and
+// checks what the established flows' packets and new flows get, against
+// kube-proxy (v1.36.3, k8s.io/kubernetes/pkg/proxy):
 //
 //   - netfilter translates a connection by its conntrack entry: only its
 //     first packet walks the nat chains (nftables/proxier.go:355-357, the
@@ -39,24 +38,9 @@ import (
 //     (cleanup.go:133-146). The flows of a frontend that went, and those
 //     of a backend still serving, are left to idle out.
 //
-// Where Sluice does otherwise the subtest asserts kube-proxy's answer and
-// is skipped (liveDeviation), naming the finding.
-
-// liveDeviation skips t, whose assertions are kube-proxy's, where Sluice
-// deviates (finding says how). SLUICE_LIVECHANGE_DEVIATIONS=1 runs it, to
-// see it fail.
-func liveDeviation(t *testing.T, finding string) {
-	t.Helper()
-	if os.Getenv("SLUICE_LIVECHANGE_DEVIATIONS") == "" {
-		t.Skip("deviation from kube-proxy: " + finding)
-	}
-}
-
-// udpRemovedFinding is the deviation of every removed UDP frontend.
-const udpRemovedFinding = "a removed UDP frontend's master is deleted, not retired (pkg/reconciler/retired.go: mayRetire is TCP only), " +
-	"so its established flows stop being translated at once, and its backends are flushed by address " +
-	"(frontend.go removeFrontend), ending their flows through the frontends that stay; " +
-	"kube-proxy's conntrack keeps both until they idle out (README: the TCP-stray and UDP flush scope rows)"
+// Sluice matches each: a removed frontend's master, TCP or UDP, is
+// retired for its flows, and a UDP one holds its backends' entries
+// (pkg/reconciler/retired.go, udpretired.go).
 
 // liveBench is one datapath and the reconciler that programmes it, as one
 // agent.
@@ -69,7 +53,8 @@ func newLiveBench(t *testing.T) *liveBench {
 	t.Helper()
 	d := newTestDatapath(t)
 	r := reconciler.New(d.Maps(), nil)
-	r.SetRetireTimeout(time.Hour) // the agent's --conntrack-tcp-timeout
+	r.SetRetireTimeout(time.Hour)      // the agent's --conntrack-tcp-timeout
+	r.SetUDPRetireTimeout(time.Minute) // and --conntrack-udp-timeout
 	return &liveBench{d, r}
 }
 
@@ -150,8 +135,8 @@ func (b *liveBench) startsNone(t *testing.T, f flow) {
 // (cleanup.go:117-120: UDP entries only); new flows of the new protocol
 // reach its backend. Back to TCP, the UDP port is no longer in the map,
 // so its established flow's entry is not cleaned (cleanup.go:67-71) and
-// keeps being translated until it idles out: a deviation in Sluice
-// (udpRemovedFinding).
+// keeps being translated until it idles out, as Sluice's retired master
+// keeps it.
 func TestLiveChangeProtocol(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a := twinOf(v6)
@@ -184,10 +169,7 @@ func TestLiveChangeProtocol(t *testing.T) {
 			b.follows(t, tf, beT)
 			b.startsTo(t, flow{client, 45203, cipT}, beT)
 			b.startsNone(t, flow{client, 45204, cipU})
-			t.Run("established UDP flow", func(t *testing.T) {
-				liveDeviation(t, udpRemovedFinding)
-				b.follows(t, uf, beU)
-			})
+			t.Run("established UDP flow", func(t *testing.T) { b.follows(t, uf, beU) })
 		})
 	})
 }
@@ -245,14 +227,8 @@ func liveChangeType(t *testing.T, v6 bool, proto model.Protocol) {
 			}
 
 			b.apply(t, c.now...)
-			removed := len(c.now) < len(c.before)
 			for _, f := range flows {
-				t.Run("established via "+f.fe.String(), func(t *testing.T) {
-					if proto == model.UDP && removed {
-						liveDeviation(t, udpRemovedFinding)
-					}
-					b.follows(t, f, be)
-				})
+				t.Run("established via "+f.fe.String(), func(t *testing.T) { b.follows(t, f, be) })
 			}
 			for _, s := range []*model.Service{cipS, npS, lbS} {
 				f := flow{client, port, s.Frontend}
@@ -291,12 +267,7 @@ func TestLiveChangeFamilyRemoved(t *testing.T) {
 			b.open(t, f6, be6)
 
 			b.apply(t, s4)
-			t.Run("established IPv6 flow", func(t *testing.T) {
-				if proto == model.UDP {
-					liveDeviation(t, udpRemovedFinding)
-				}
-				b.follows(t, f6, be6)
-			})
+			t.Run("established IPv6 flow", func(t *testing.T) { b.follows(t, f6, be6) })
 			t.Run("established IPv4 flow", func(t *testing.T) { b.follows(t, f4, be4) })
 			b.startsNone(t, flow{f6.client, 45401, cip6})
 			b.startsTo(t, flow{f4.client, 45401, cip4}, be4)
@@ -332,12 +303,7 @@ func TestLiveChangeRecreated(t *testing.T) {
 
 					if syncs == "two syncs" {
 						b.apply(t)
-						t.Run("established flow, the Service deleted", func(t *testing.T) {
-							if proto == model.UDP {
-								liveDeviation(t, udpRemovedFinding)
-							}
-							b.follows(t, f, old)
-						})
+						t.Run("established flow, the Service deleted", func(t *testing.T) { b.follows(t, f, old) })
 					}
 					b.apply(t, clusterIP(cip, now))
 					if proto == model.TCP {

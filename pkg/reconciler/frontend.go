@@ -432,7 +432,9 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // internal scope, externalTrafficPolicy Local to Cluster), or, for a
 // NodePort frontend at a node address that goes, by the Service port's
 // NodePort frontends of the same number at other addresses
-// (servedByName). A TCP frontend's master may be retired instead, and a
+// (servedByName), or by the retired master at the same address, for its
+// flows (an internal scope removed after its default scope retired:
+// udpretired.go). A default scope's master may be retired instead, and a
 // retired one is kept until its time is up (retired.go).
 func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error {
 	v := r.frontends.val(fe)
@@ -477,7 +479,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error 
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
 		for _, a := range named {
-			if a.Proto == model.UDP && !servesAddr(still, a) && !r.servedByName(fe, v.svc, a, services) {
+			if a.Proto == model.UDP && !servesAddr(still, a) && !r.servedByName(fe, v.svc, a, services) && !r.flowsKeep(fe.L4Addr, a) {
 				r.pendingFlush[a] = true
 			}
 		}

@@ -240,12 +240,19 @@ type Reconciler struct {
 	recheck func() recheckOutcome
 	writes  uint64
 
-	// Retired masters (retired.go): how long one is kept (0: a removed
-	// frontend's master is deleted at once), when each was retired (or
-	// read from the maps), and the clock.
-	retireAfter time.Duration
-	retiredAt   map[Frontend]time.Time
-	clock       func() time.Time
+	// Retired masters (retired.go): how long one is kept, TCP's and
+	// UDP's (0: a removed frontend's master is deleted at once), when
+	// each was retired (or read from the maps), and the clock.
+	retireAfter    time.Duration
+	retireUDPAfter time.Duration
+	retiredAt      map[Frontend]time.Time
+	clock          func() time.Time
+	// The flows of removed UDP frontends (udpretired.go): per address,
+	// the backends they may use, and how many retired masters hold each
+	// backend's entry. Not in the maps: kept across a rebuild of the
+	// view.
+	udpFlows map[model.L4Addr]*udpFlows
+	heldRefs map[model.L4Addr]int32
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
@@ -259,6 +266,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	}
 	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk, clock: time.Now}
 	r.reset()
+	r.udpFlows, r.heldRefs = map[model.L4Addr]*udpFlows{}, map[model.L4Addr]int32{}
 	r.lastRead = time.Now()
 	return r
 }
@@ -606,6 +614,12 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
 		errs = append(errs, err)
 	}
+	// The flows of removed UDP frontends: held no more once their
+	// retired master went; flushed where a changed frontend takes their
+	// address for a Service that does not serve their backend
+	// (udpretired.go).
+	r.settleUDPFlows()
+	r.claimUDPFlows(changed)
 
 	// Phase 2: frontends to add or change, in a stable order (a
 	// frontend's internal scope before its default one). New ones (at
@@ -689,6 +703,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		if err := r.dp.FlushConntrack(flush); err != nil {
 			errs = append(errs, fmt.Errorf("flush conntrack of backends %v: %w", flush, err))
 		} else {
+			r.flushedUDPFlows(r.pendingFlush)
 			clear(r.pendingFlush)
 		}
 	}

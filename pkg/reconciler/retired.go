@@ -1,13 +1,14 @@
 package reconciler
 
-// Retired frontends: a removed TCP frontend's established flows keep
-// working, as under kube-proxy, whose conntrack keeps translating an
-// established connection after its Service port went (its rules match
-// `ct state new` only).
+// Retired frontends: a removed TCP or UDP frontend's established flows
+// keep working, as under kube-proxy, whose conntrack keeps translating an
+// established flow after its Service port went (its rules match
+// `ct state new` only, and its UDP cleanup keys only the frontends the
+// Service ports have now).
 //
 // The datapath looks a packet's conntrack entry up only under a
 // frontend's master (bpf/tc.c, tc_ingress). So a removal does not delete
-// the master of a TCP frontend's default scope: it writes a retired one
+// the master of a frontend's default scope: it writes a retired one
 // in its place (FlagRetired, count 0, FlagExternal kept, the same service
 // id, whose rev_nat entry stays), then deletes its slots and source
 // ranges as before. The datapath treats a retired master as absent for a
@@ -16,15 +17,15 @@ package reconciler
 // address, port and protocol overwrites it in place, under the same id.
 //
 // A retired master is deleted (its id then released as any removed
-// frontend's) by the first Apply after the retirement timeout
-// (SetRetireTimeout: the agent's TCP established timeout, after which the
-// datapath's conntrack has let every flow of it idle out). One restored
-// from the maps (a restart) is timed from the restore. UDP frontends are
-// never retired: a removed one's per-packet flows stop being translated
-// at once (where kube-proxy's conntrack keeps them until idle: a stated
-// deviation), its backends flushed as removeFrontend decides. An
-// internal scope is never retired: the datapath looks up the default
-// scope's master only.
+// frontend's) by the first Apply after the retirement timeout of its
+// protocol (SetRetireTimeout: the agent's TCP established timeout;
+// SetUDPRetireTimeout: its UDP timeout; by then the datapath's conntrack
+// has let every flow idle since the removal go). One restored from the
+// maps (a restart) is timed from the restore. A UDP frontend's
+// retirement also holds the entries of the backends its flows use, and
+// its flows are flushed when another Service takes its address and port
+// (udpretired.go). An internal scope is never retired: the datapath
+// looks up the default scope's master only.
 //
 // At most retireCap masters are retired at once (1/16 of --max-services,
 // at least 1), so that they never fill the service maps; past it a
@@ -47,6 +48,29 @@ func (r *Reconciler) SetRetireTimeout(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.retireAfter = max(d, 0)
+}
+
+// SetUDPRetireTimeout sets how long a removed UDP frontend's master is
+// kept retired for its flows (the datapath's UDP timeout); 0, the
+// default, deletes it at once and flushes its backends as removeFrontend
+// decides. Retired masters already past a shorter timeout go with the
+// next Apply.
+func (r *Reconciler) SetUDPRetireTimeout(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retireUDPAfter = max(d, 0)
+}
+
+// retireTimeout returns how long a removed frontend of protocol p is kept
+// retired (0: not at all).
+func (r *Reconciler) retireTimeout(p model.Protocol) time.Duration {
+	switch p {
+	case model.TCP:
+		return r.retireAfter
+	case model.UDP:
+		return r.retireUDPAfter
+	}
+	return 0
 }
 
 // Retired returns the frontends whose masters are retired, with when
@@ -86,7 +110,7 @@ func (r *Reconciler) retireCap() int {
 // mayRetire reports whether removing fe, whose view v has a live master,
 // retires the master rather than deleting it.
 func (r *Reconciler) mayRetire(fe Frontend, v *frontendView) bool {
-	return r.retireAfter > 0 && v.hasMaster && fe.Scope == ScopeDefault && fe.Proto == model.TCP &&
+	return r.retireTimeout(fe.Proto) > 0 && v.hasMaster && fe.Scope == ScopeDefault &&
 		len(r.retiredAt) < r.retireCap()
 }
 
@@ -109,6 +133,10 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 		}
 	}
 	rm := retiredMaster(m)
+	if fe.Proto == model.UDP {
+		// Before its slots go: they name the backends to hold.
+		r.holdUDPFlows(fe, v)
+	}
 	r.writes++
 	if err := r.dp.UpsertMaster(fe, rm); err != nil {
 		return fmt.Errorf("retire master: %w", err)
@@ -169,11 +197,12 @@ func (r *Reconciler) keepRetired(fe Frontend) bool {
 	return ok && !r.retiredExpired(fe)
 }
 
-// retiredExpired reports whether fe's master is retired and past the
-// timeout (any is, once retirement is off).
+// retiredExpired reports whether fe's master is retired and past its
+// protocol's timeout (any is, once retirement is off).
 func (r *Reconciler) retiredExpired(fe Frontend) bool {
 	t, ok := r.retiredAt[fe]
-	return ok && (r.retireAfter <= 0 || !r.clock().Before(t.Add(r.retireAfter)))
+	d := r.retireTimeout(fe.Proto)
+	return ok && (d <= 0 || !r.clock().Before(t.Add(d)))
 }
 
 // expiredRetired appends to gone the retired frontends past the timeout

@@ -150,9 +150,10 @@ func TestRetiredExpiresIncremental(t *testing.T) {
 	}
 }
 
-// TestRetiredNotUDPNorOff: a UDP frontend is deleted at once (its flows
-// are flushed, as kube-proxy's), and so is every frontend with retirement
-// off (the default).
+// TestRetiredNotUDPNorOff: a UDP frontend is deleted at once when only
+// TCP's retirement is on (SetUDPRetireTimeout unset: udpretire_test.go
+// has it set), and so is every frontend with retirement off (the
+// default).
 func TestRetiredNotUDPNorOff(t *testing.T) {
 	udp := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: model.UDP}
 	tcp := vip(1)

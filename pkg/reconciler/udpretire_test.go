@@ -1,0 +1,337 @@
+package reconciler_test
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+)
+
+// newUDPRetiring returns a reconciler over f that retires removed TCP
+// masters for an hour and UDP ones for a minute, on clock c.
+func newUDPRetiring(f *fakedp.Fake, c *retiredClock) *reconciler.Reconciler {
+	r := newRetiring(f, c)
+	r.SetUDPRetireTimeout(time.Minute)
+	return r
+}
+
+// backendAddrs returns the addresses of the backend entries f holds,
+// sorted.
+func backendAddrs(t *testing.T, f *fakedp.Fake) []model.L4Addr {
+	t.Helper()
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []model.L4Addr
+	for _, a := range ks.Backends {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, model.L4Addr.Compare)
+	return out
+}
+
+// udpLB is the UDP Service port "dns": a ClusterIP and a LoadBalancer IP,
+// each serving bs (the LoadBalancer IP left out if lb is false).
+func udpLB(lb bool, bs ...model.Backend) []*model.Service {
+	cip := svc(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: model.UDP}, "dns", bs...)
+	if !lb {
+		return []*model.Service{cip}
+	}
+	return []*model.Service{cip, lbService("dns", bs...)}
+}
+
+// udpLBIP is the LoadBalancer IP udpLB and lbService use.
+var udpLBIP = model.L4Addr{Addr: netip.MustParseAddr("203.0.113.7"), Port: 53, Proto: model.UDP}
+
+// lbService is a LoadBalancer IP frontend of Service port name at udpLBIP.
+func lbService(name string, bs ...model.Backend) *model.Service {
+	s := svc(udpLBIP, name, bs...)
+	s.Kind = model.LoadBalancer
+	return s
+}
+
+// TestUDPRetired: a removed UDP frontend's master is retired as a TCP
+// one's (count 0, FlagRetired, FlagExternal kept), and nothing is
+// flushed: neither the backends its Service port still serves through
+// its ClusterIP, nor those it serves no more (the whole Service deleted:
+// kube-proxy cleans no frontend a Service port no longer has). The
+// backends' entries stay while it is retired, held for its flows: the
+// datapath follows a UDP flow only while its backend's entry is there.
+// Without retirement for UDP (mayRetire TCP only) the master was deleted
+// and the backends flushed; without the hold, the entries of the deleted
+// Service's backends went (and were flushed).
+func TestUDPRetired(t *testing.T) {
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	t.Run("LoadBalancerIPRemoved", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(udpLB(true, b1, b2)...))
+		live, _ := masterOf(t, f, udpLBIP)
+		mustApply(t, r, state(udpLB(false, b1, b2)...))
+		want := reconciler.Master{ID: live.ID, Flags: reconciler.FlagRetired | reconciler.FlagExternal}
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m != want {
+			t.Fatalf("after the removal: master %+v (present %v), want retired %+v", m, ok, want)
+		}
+		if _, ok := r.Retired()[reconciler.DefaultScope(udpLBIP)]; !ok {
+			t.Errorf("Retired() = %v, want %s", r.Retired(), udpLBIP)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v when the LoadBalancer IP went: its ClusterIP still serves them", fl)
+		}
+	})
+	t.Run("ServiceDeleted", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		other := svc(vip(1), "web", be(1, 1, model.TCP))
+		mustApply(t, r, state(append(udpLB(false, b1, b2), other)...))
+		mustApply(t, r, state(other))
+		cip := udpLB(false)[0].Frontend
+		if m, ok := masterOf(t, f, cip); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("after the deletion: master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v when the Service was deleted", fl)
+		}
+		want := []model.L4Addr{be(1, 1, model.TCP).L4Addr, b1.L4Addr, b2.L4Addr}
+		slices.SortFunc(want, model.L4Addr.Compare)
+		if got := backendAddrs(t, f); !slices.Equal(got, want) {
+			t.Errorf("backend entries %v, want %v (the retired master's kept for its flows)", got, want)
+		}
+		// The rest of the Apply's bookkeeping agrees with the maps.
+		if !reconciler.MapsMatchView(r) {
+			t.Error("the maps do not match the view")
+		}
+	})
+	// A two-scope frontend (externalTrafficPolicy Local): its internal
+	// scope goes with it; the internal clients' backend is held too, not
+	// flushed, though only the internal scope named it.
+	t.Run("TwoScopes", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		s := twoScopes([]model.Backend{b1}, []model.Backend{b1, b2})
+		s.Frontend.Proto = model.UDP
+		other := svc(vip(1), "web", be(1, 1, model.TCP))
+		mustApply(t, r, state(s, other))
+		mustApply(t, r, state(other))
+		if m, ok := masterOf(t, f, s.Frontend); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v when the two-scope frontend went", fl)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b2.L4Addr) {
+			t.Errorf("backend entries %v: the internal scope's %s deleted", got, b2.L4Addr)
+		}
+	})
+}
+
+// TestUDPRetiredExpires: a retired UDP master goes with the first Apply
+// at its protocol's timeout (a minute here, where a TCP one retired at
+// the same time stays for the hour), with the entries of the backends
+// only it held, whose flows are then flushed (their flows have idled out
+// or, deleted with the master, are translated no more); a backend the
+// ClusterIP still serves is neither deleted nor flushed. Before UDP
+// retirement the master was deleted and b2 flushed at the removal; with
+// UDP's timeout taken from TCP's it stayed past the minute.
+func TestUDPRetiredExpires(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	tcp := svc(vip(1), "web", be(1, 1, model.TCP))
+	keep := udpLB(false, b1)
+	mustApply(t, r, state(append(udpLB(true, b1, b2), tcp)...))
+	// The LoadBalancer IP and the TCP Service go; b2 leaves the
+	// ClusterIP (it stopped serving: flushed, as kube-proxy cleans the
+	// ClusterIP's flows to it).
+	mustApply(t, r, state(keep...))
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
+		t.Fatalf("flushed %v at the removal, want %v", fl, b2.L4Addr)
+	}
+	c.t = c.t.Add(59 * time.Second)
+	mustApply(t, r, state(keep...))
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("before the UDP timeout: master %+v (present %v), want it retired", m, ok)
+	}
+	if got := backendAddrs(t, f); !slices.Contains(got, b2.L4Addr) {
+		t.Errorf("before the UDP timeout: backend entries %v, want %s held", got, b2.L4Addr)
+	}
+	c.t = c.t.Add(time.Second)
+	mustApply(t, r, state(keep...))
+	if m, ok := masterOf(t, f, udpLBIP); ok {
+		t.Fatalf("at the UDP timeout: master %+v still there", m)
+	}
+	if m, ok := masterOf(t, f, vip(1)); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Errorf("at the UDP timeout: the TCP master %+v (present %v), want it retired for its hour", m, ok)
+	}
+	if got := backendAddrs(t, f); !slices.Equal(got, []model.L4Addr{b1.L4Addr}) {
+		t.Errorf("at the UDP timeout: backend entries %v, want %v", got, b1.L4Addr)
+	}
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr, b2.L4Addr}) {
+		t.Errorf("flushed %v, want %v at the removal and again with its entry", fl, b2.L4Addr)
+	}
+	if !reconciler.MapsMatchView(r) {
+		t.Error("the maps do not match the view")
+	}
+}
+
+// TestUDPRetiredClaimed: the address and port of a removed UDP frontend
+// taken by another Service (or by the same Service port made again with
+// other endpoints). The datapath checks a flow's backend, not its
+// Service, so the old flows would be followed under the new master;
+// kube-proxy's CleanStaleEntries deletes those whose endpoint the new
+// Service port does not serve. So their backends are flushed (by
+// address: their flows through the old Service's ClusterIP go too),
+// whether the master is still retired or deleted already; a backend the
+// new Service serves keeps its flows, as under kube-proxy. Each case
+// failed without claimUDPFlows (nothing flushed).
+func TestUDPRetiredClaimed(t *testing.T) {
+	b1 := be(5, 1, model.UDP)
+	c1 := be(6, 1, model.UDP)
+	for _, tc := range []struct {
+		name    string
+		after   time.Duration // from the removal to the claim
+		claimer *model.Service
+		flushed []model.L4Addr
+	}{
+		{"AnotherServiceWhileRetired", 10 * time.Second, lbService("other", c1), []model.L4Addr{b1.L4Addr}},
+		{"AnotherServiceAfterExpiry", 2 * time.Minute, lbService("other", c1), []model.L4Addr{b1.L4Addr}},
+		{"SameServiceOtherEndpoints", 10 * time.Second, lbService("dns", c1), []model.L4Addr{b1.L4Addr}},
+		{"AnotherServiceSameBackend", 10 * time.Second, lbService("other", b1), nil},
+		{"SameServiceBack", 10 * time.Second, lbService("dns", b1), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+			r := newUDPRetiring(f, c)
+			mustApply(t, r, state(udpLB(true, b1)...))
+			mustApply(t, r, state(udpLB(false, b1)...))
+			if fl := f.Flushed(); len(fl) != 0 {
+				t.Fatalf("flushed %v when the LoadBalancer IP went", fl)
+			}
+			c.t = c.t.Add(tc.after)
+			if tc.after > time.Minute {
+				mustApply(t, r, state(udpLB(false, b1)...))
+				if m, ok := masterOf(t, f, udpLBIP); ok {
+					t.Fatalf("past the UDP timeout: master %+v still there", m)
+				}
+			}
+			st := state(append(udpLB(false, b1), tc.claimer)...)
+			mustApply(t, r, st)
+			if fl := f.Flushed(); !slices.Equal(fl, tc.flushed) {
+				t.Errorf("flushed %v when %s took the address, want %v", fl, tc.claimer.Name.Name, tc.flushed)
+			}
+			if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired != 0 {
+				t.Errorf("master %+v (present %v), want a live one", m, ok)
+			}
+			checkProgrammed(t, f, st)
+			// Claimed once: a later removal and claim start afresh.
+			mustApply(t, r, st)
+			if fl := f.Flushed(); len(fl) != len(tc.flushed) {
+				t.Errorf("flushed %v after an Apply of the same state", fl)
+			}
+		})
+	}
+}
+
+// TestUDPFlowsRecordsBounded: the records of removed UDP frontends whose
+// masters are deleted (kept for a later claim of their addresses) are at
+// most retireCap (here 2, of 32 services); past that the backends of the
+// lowest addresses' are flushed and the records go, as before
+// retirement. A record whose backends were all flushed since goes too: a
+// claim of its address flushes nothing more. Without the bound nothing
+// was flushed at the second expiry.
+func TestUDPFlowsRecordsBounded(t *testing.T) {
+	f, c := newFakeSized(t, 32, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	lbAt := func(i int) model.L4Addr {
+		return model.L4Addr{Addr: netip.AddrFrom4([4]byte{203, 0, 113, byte(10 + i)}), Port: 53, Proto: model.UDP}
+	}
+	bs := []model.Backend{be(10, 1, model.UDP), be(11, 1, model.UDP), be(12, 1, model.UDP), be(13, 1, model.UDP)}
+	// Service i: a ClusterIP and, if lb[i], a LoadBalancer IP, serving
+	// bs[i]; Service 0's ClusterIP without its backend if !serving0.
+	services := func(lb [4]bool, serving0 bool) *model.State {
+		var svcs []*model.Service
+		for i, b := range bs {
+			name := string(rune('a' + i))
+			cb := []model.Backend{b}
+			if i == 0 && !serving0 {
+				cb = nil
+			}
+			svcs = append(svcs, svc(model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Port: 53, Proto: model.UDP}, name, cb...))
+			if lb[i] {
+				s := svc(lbAt(i), name, b)
+				s.Kind = model.LoadBalancer
+				svcs = append(svcs, s)
+			}
+		}
+		return state(svcs...)
+	}
+	mustApply(t, r, services([4]bool{true, true, true, true}, true))
+	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	c.t = c.t.Add(time.Minute)
+	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed %v with two records, within the bound", fl)
+	}
+	mustApply(t, r, services([4]bool{}, true))
+	c.t = c.t.Add(time.Minute)
+	mustApply(t, r, services([4]bool{}, true))
+	if fl, want := f.Flushed(), []model.L4Addr{bs[0].L4Addr, bs[1].L4Addr}; !slices.Equal(fl, want) {
+		t.Fatalf("flushed %v with four records, want the two lowest addresses' %v", fl, want)
+	}
+	// Service 2's backend leaves its ClusterIP: flushed, and its
+	// record with it; a claim of its LoadBalancer IP flushes nothing
+	// more. Service 3's record is claimed: its backend flushed.
+	st := services([4]bool{}, true)
+	cip2 := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 1, 2}), Port: 53, Proto: model.UDP}
+	st.Services.Set(cip2, svc(cip2, "c"))
+	mustApply(t, r, st)
+	if fl := f.Flushed(); len(fl) != 3 || fl[2] != bs[2].L4Addr {
+		t.Fatalf("flushed %v, want %v last", fl, bs[2].L4Addr)
+	}
+	for _, i := range []int{2, 3} {
+		s := svc(lbAt(i), "other", be(20, 1, model.UDP))
+		s.Kind = model.LoadBalancer
+		st.Services.Set(s.Frontend, s)
+	}
+	mustApply(t, r, st)
+	if fl := f.Flushed(); len(fl) != 4 || fl[3] != bs[3].L4Addr {
+		t.Fatalf("flushed %v, want %v last and nothing else", fl, bs[3].L4Addr)
+	}
+}
+
+// TestUDPRetiredAfterRestart pins what an agent restart loses (README,
+// UDP flush scope): the maps do not say which backends a retired UDP
+// master's flows use, so the restarted agent keeps the retired master
+// (timed from the restore) but not the entry of a backend only it held,
+// which goes, flushed, at the first sync; a frontend programmed at its
+// address later flushes nothing for it.
+func TestUDPRetiredAfterRestart(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	mustApply(t, r, state(udpLB(false, b1)...))
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed %v at the removal", fl)
+	}
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
+	}
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
+		t.Fatalf("flushed %v at the first sync after the restart, want %v", fl, b2.L4Addr)
+	}
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
+	if fl := f.Flushed(); len(fl) != 1 {
+		t.Errorf("flushed %v when another Service took the address after the restart, want nothing more", fl)
+	}
+}

@@ -1,0 +1,205 @@
+package reconciler
+
+// The flows of a removed UDP frontend. kube-proxy's conntrack keeps
+// translating them until they idle out: CleanStaleEntries
+// (pkg/proxy/conntrack/cleanup.go) keys only the frontends the Service
+// ports have now, so a frontend that went is never cleaned, and a backend
+// its Service port still serves through another frontend keeps every
+// flow. With SetUDPRetireTimeout a removed UDP frontend's master is
+// retired as a TCP one's is (retired.go), and its backends are not
+// flushed.
+//
+// The datapath follows a UDP flow only while its backend's entry holds
+// the flow's address (ct_fwd_usable): so the backends the retired
+// master's flows may use (its slots' at the retirement, its internal
+// scope's, its Service's standby ones) are held, their entries kept
+// until the retirement ends, as standby backends are (standby.go).
+//
+// Those flows must not be followed for another Service: the datapath
+// checks an entry's backend, not its Service, so a frontend at the same
+// address, port and protocol programmed later (a LoadBalancer IP, an
+// external IP or a NodePort number given to another Service, or the same
+// Service made again with other endpoints) would send the old flows'
+// packets to the old backends. kube-proxy's CleanStaleEntries deletes
+// them then (the address:port is a frontend again, and their endpoint
+// not one of its serving ones). So the reconciler remembers, per removed
+// UDP frontend, the backends its flows may use (udpFlows), while the
+// master is retired and after it is deleted (the entries of a flow whose
+// backend pushes live on: its replies are still translated back and
+// refresh them). A frontend programmed at that address claims them
+// (claimUDPFlows): the backends its Service does not serve are flushed
+// (by address, the only flush the datapath has: their flows through
+// other frontends go too), the others keep their flows, as under
+// kube-proxy. A backend flushed for any reason leaves the record; at most
+// retireCap records outlive their masters, past that a record's backends
+// are flushed at once (as before retirement). An agent restart forgets
+// them (the maps do not say which backends a retired master's flows
+// use): a README limitation.
+
+import (
+	"slices"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// udpFlows is what the reconciler knows of the flows of a removed UDP
+// frontend (its default scope's address).
+type udpFlows struct {
+	backends []model.L4Addr // sorted, unique
+	// held: the frontend's master is retired, and heldRefs counts
+	// backends.
+	held bool
+}
+
+// holdUDPFlows records, at the retirement of UDP frontend fe (view v,
+// its slots not yet deleted), the backends its flows may use, and holds
+// their entries. A record the address had (its master deleted before)
+// is merged in.
+func (r *Reconciler) holdUDPFlows(fe Frontend, v *frontendView) {
+	var bs []model.L4Addr
+	add := func(v *frontendView) {
+		if v == nil {
+			return
+		}
+		if v.hasMaster {
+			for s := uint32(1); s <= v.master.Count; s++ {
+				if id, ok := v.slots.get(s); ok && r.isReal(id) {
+					a, _ := r.backend(id)
+					bs = append(bs, a)
+				}
+			}
+		}
+		if v.svc != nil {
+			bs = append(bs, v.svc.Standby...)
+		}
+	}
+	add(v)
+	add(r.frontends.val(Frontend{L4Addr: fe.L4Addr, Scope: ScopeInternal}))
+	rec := r.udpFlows[fe.L4Addr]
+	if rec != nil {
+		if rec.held {
+			r.releaseUDPFlows(rec)
+		}
+		bs = append(bs, rec.backends...)
+	} else {
+		rec = &udpFlows{}
+		r.udpFlows[fe.L4Addr] = rec
+	}
+	bs = slices.DeleteFunc(bs, func(a model.L4Addr) bool { return a.Proto != model.UDP })
+	slices.SortFunc(bs, model.L4Addr.Compare)
+	rec.backends, rec.held = slices.Compact(bs), true
+	for _, a := range rec.backends {
+		r.heldRefs[a]++
+	}
+}
+
+// releaseUDPFlows lets go of the entries rec holds: a backend nothing
+// else keeps becomes a candidate for deletion (which flushes its flows:
+// deleteUnusedBackends).
+func (r *Reconciler) releaseUDPFlows(rec *udpFlows) {
+	for _, a := range rec.backends {
+		n := r.heldRefs[a] - 1
+		if n > 0 {
+			r.heldRefs[a] = n
+			continue
+		}
+		delete(r.heldRefs, a)
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) {
+			r.backendCand[id] = true
+		}
+	}
+	rec.held = false
+}
+
+// heldForFlows says whether a removed UDP frontend's retired master holds
+// backend a (its entry is kept).
+func (r *Reconciler) heldForFlows(a model.L4Addr) bool { return r.heldRefs[a] > 0 }
+
+// flowsKeep says whether the retired master at addr holds backend a: the
+// internal scope removed after it does not flush it.
+func (r *Reconciler) flowsKeep(addr model.L4Addr, a model.L4Addr) bool {
+	rec := r.udpFlows[addr]
+	if rec == nil || !rec.held {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(rec.backends, a, model.L4Addr.Compare)
+	return ok
+}
+
+// settleUDPFlows ends the holds of the records whose master is no longer
+// retired (past its time, evicted, or gone from the maps): the record
+// stays, for a frontend that claims the address later. Past retireCap
+// such records, one's backends are flushed and it goes.
+func (r *Reconciler) settleUDPFlows() {
+	if len(r.udpFlows) == 0 {
+		return
+	}
+	unheld := 0
+	for addr, rec := range r.udpFlows {
+		if rec.held {
+			if _, ok := r.retiredAt[DefaultScope(addr)]; ok {
+				continue
+			}
+			r.releaseUDPFlows(rec)
+		}
+		unheld++
+	}
+	if unheld <= r.retireCap() {
+		return
+	}
+	var addrs []model.L4Addr
+	for addr, rec := range r.udpFlows {
+		if !rec.held {
+			addrs = append(addrs, addr)
+		}
+	}
+	slices.SortFunc(addrs, model.L4Addr.Compare)
+	for _, addr := range addrs {
+		if unheld <= r.retireCap() {
+			break
+		}
+		for _, a := range r.udpFlows[addr].backends {
+			r.pendingFlush[a] = true
+		}
+		delete(r.udpFlows, addr)
+		unheld--
+	}
+}
+
+// claimUDPFlows, before the changed frontends are programmed, flushes the
+// backends of a removed UDP frontend's flows that the Service now
+// programmed at its address does not serve, and forgets the record.
+func (r *Reconciler) claimUDPFlows(changed []*desiredFrontend) {
+	if len(r.udpFlows) == 0 {
+		return
+	}
+	for _, d := range changed {
+		rec := r.udpFlows[d.fe.L4Addr]
+		if rec == nil {
+			continue
+		}
+		for _, a := range rec.backends {
+			if !servesAddr(d.svc, a) {
+				r.pendingFlush[a] = true
+			}
+		}
+		if rec.held {
+			r.releaseUDPFlows(rec)
+		}
+		delete(r.udpFlows, d.fe.L4Addr)
+	}
+}
+
+// flushedUDPFlows drops the backends just flushed from the records of
+// deleted masters (their flows are gone), and the records left empty.
+func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
+	for addr, rec := range r.udpFlows {
+		if rec.held {
+			continue
+		}
+		rec.backends = slices.DeleteFunc(rec.backends, func(a model.L4Addr) bool { return flushed[a] })
+		if len(rec.backends) == 0 {
+			delete(r.udpFlows, addr)
+		}
+	}
+}
