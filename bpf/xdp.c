@@ -49,6 +49,7 @@
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/affinity.h"
+#define CT_ASSURE_GLOBAL /* conntrack_fam.h: ct_assure */
 #include "lib/conntrack.h"
 #include "lib/nat.h"
 #include "lib/nat6.h"

@@ -34,9 +34,9 @@ type ConntrackStats struct {
 	Pending int // of them, port reservations and entries of flows not answered yet
 	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
 
-	// HalfOpen is how many flows not answered yet the collection found
-	// in sluice_conntrack (both families; a source-NATed flow by its
-	// port reservation), HalfOpenCounted what the
+	// HalfOpen is how many flows not answered yet (TCP: not assured
+	// yet) the collection found in sluice_conntrack (both families; a
+	// source-NATed flow by its port reservation), HalfOpenCounted what the
 	// programs' count of them says after it (bpf/lib/conntrack.h,
 	// ct_admit_add); new flows go there while the count is below
 	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
@@ -463,10 +463,16 @@ func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 		return t.close
 	case flags&ctFlagChal != 0:
 		return t.syn
-	case flags&ctFlagReplied != 0:
+	case flags&ctFlagReplied != 0 && !ctAwaiting(flags):
 		return t.tcp
 	}
 	return t.syn
+}
+
+// ctAwaiting is conntrack.h's ct_awaiting: a TCP flow answered whose
+// client has not acknowledged the answer yet (netfilter's SYN_RECV).
+func ctAwaiting(flags uint32) bool {
+	return flags&(ctFlagAwait|ctFlagAssured) == ctFlagAwait
 }
 
 // ctSNATHeld is conntrack.h's ct_snat_held: a closed flow so flagged holds
@@ -761,12 +767,12 @@ func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K,
 }
 
 // counted reports whether an entry of sluice_conntrack in direction dir
-// with flags holds a place in the half-open count (bpf/lib/conntrack_fam.h,
-// ct_uncount): a half-open flow's forward entry, or a port reservation
-// counted and not taken off yet.
+// with flags holds a place in the half-open count (bpf/lib/conntrack.h,
+// ct_counts): a half-open or unassured flow's forward entry, or a port
+// reservation counted and not taken off yet.
 func counted(dir uint8, flags uint32) bool {
 	if dir == ctForward {
-		return flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0
+		return flags&(ctFlagCounted|ctFlagSNAT) == 0 && (flags&ctFlagReplied == 0 || ctAwaiting(flags))
 	}
 	return flags&(ctFlagAdmitted|ctFlagCounted) == ctFlagAdmitted
 }
