@@ -11,10 +11,11 @@
  * a plain hash that nothing evicts, half-open (without CT_F_REPLIED, with
  * the short lifetime for TCP, ct_timeout_syn_ns), and its first reply
  * promotes them in place (ct_promote_here: CT_F_REPLIED set on both,
- * their expiries pushed forward; nothing inserted or deleted). But only
- * ct_half_open_max half-open flows of a family may be there at once
- * (ct_admit_room: a quarter of the table by default); beyond, a new
- * flow's entries go to sluice_ct_new, an LRU, and its first reply moves
+ * their expiries pushed forward; nothing inserted or deleted; a TCP
+ * flow's promotion is in two steps, below). But only ct_half_open_max
+ * half-open flows of a family may be there at once (ct_admit_room: a
+ * quarter of the table by default); beyond, a new flow's entries go to
+ * sluice_ct_new, an LRU, and its first reply (TCP: its assurance) moves
  * them to sluice_conntrack (ct_promote). So a flood of new flows (a SYN
  * flood, a scan, a burst of connections) takes at most that share of the
  * established table, whose half-open flows the GC reaps once their

@@ -1505,19 +1505,19 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
  * first: its flow is half-open but for a retransmitted
  * SYN-ACK, so the first reply saves sluice_conntrack's miss. A live
  * half-open entry found so is promoted (TCP: answered) at once; ct_create
- * keeps a live
- * established entry of another frontend off its tuple (a clash), and one
- * of the same frontend that it could not reap (refreshed meanwhile)
- * names the same translation, which ct_promote's ct_est_same accepts.
+ * keeps a live established entry of another frontend off its tuple (a
+ * clash), and one of the same frontend that it could not reap (refreshed
+ * meanwhile) names the same translation, which ct_promote's ct_est_same
+ * accepts.
  * Anything else found there (an overflowed flow, a lapsed entry) is
  * looked up in the order below, as any reply's. A source-NATed flow's
  * SYN-ACK, whose port reservation is in sluice_conntrack from the start,
  * pays the miss in sluice_ct_new instead.
  *
  * Returns the entry (in sluice_conntrack; in sluice_ct_new for a flow
- * kept or answered there), or NULL with @err 0 if @p is
- * not such a reply, or NULL with a negative @err if the flow cannot be
- * promoted (-E2BIG: refused, the table is full): drop @p.
+ * kept or answered there), or NULL with @err 0 if @p is not such a
+ * reply, or NULL with a negative @err if the flow cannot be promoted
+ * (-E2BIG: refused, the table is full): drop @p.
  */
 static __always_inline FAM(ct_entry_t) *
 FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
@@ -1783,9 +1783,8 @@ static __always_inline void FN(ct_assure_new)(const FAM(ct_key_t) *key,
  * or a deleter claiming the entry: ct_uncount); then CT_F_ASSURED goes
  * on both entries (after CT_F_COUNTED: ct_counts must never read an
  * assured entry as counted) and their expiries move to the established
- * lifetime (ct_refresh). A
- * flow whose entries are in sluice_ct_new moves to sluice_conntrack
- * (ct_assure_new).
+ * lifetime (ct_refresh). A flow whose entries are in sluice_ct_new moves
+ * to sluice_conntrack (ct_assure_new).
  * A global function with CT_ASSURE_GLOBAL defined (tc.c, xdp.c), which
  * the verifier checks once, on its own, and whose frame is not added to
  * every packet's path: it runs once a flow (its pointers may be NULL as
