@@ -1615,7 +1615,13 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 						__u64 now)
 {
 	__u32 flags = READ_ONCE(fwd->flags);
-	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT));
+	/* Answered but unassured is half-open here: its entries may be in
+	 * sluice_ct_new, whose LRU may evict the reply entry alone; it is
+	 * re-created there, beside the forward entry, and moves with it at
+	 * the assurance (ct_assure_new).
+	 */
+	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT)) ||
+			 (ct_awaiting(flags) && !(flags & CT_F_SNAT));
 	FAM(ct_entry_t) e = {
 		.expires = now + ct_lifetime(p->proto, flags),
 		.nat_addr = key->daddr,
@@ -1708,17 +1714,20 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
  * its next packet checks. Deleted alone it is not: the GC keeps an entry
  * whose flow's other entry lives, and a flush, a deletion by sluicectl,
  * a superseding or reopening flow take both. A source-NATed flow
- * (its reply entry holds its port) and a half-open one (an LRU may evict
- * its reply entry alone) are checked on every packet, as is a dry run's.
+ * (its reply entry holds its port) and a half-open or answered but
+ * unassured one (an LRU may evict its reply entry alone) are checked on
+ * every packet, as is a dry run's.
  */
 static __always_inline int FN(ct_check_reverse_due)(const FAM(pkt_t) *p,
 						    const FAM(ct_key_t) *key,
 						    const FAM(ct_entry_t) *fwd,
 						    __u64 now, bool refreshed)
 {
+	__u32 flags = READ_ONCE(fwd->flags);
+
 	if (!refreshed && !explain_dry(p) &&
-	    (READ_ONCE(fwd->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
-		    CT_F_REPLIED)
+	    (flags & (CT_F_REPLIED | CT_F_SNAT)) == CT_F_REPLIED &&
+	    !ct_awaiting(flags))
 		return 0;
 	return FN(ct_check_reverse)(p, key, fwd, now);
 }
@@ -1750,10 +1759,9 @@ static __always_inline bool FN(ct_assure_due)(const FAM(pkt_t) *p,
  * move a UDP flow makes at its first reply), or stays in sluice_ct_new,
  * established, if the table is full (ct_overflow). A flow whose move
  * waits for a claimed key (CT_DEFERRED) is assured by its next packet; one
- * that cannot move otherwise (its reply entry evicted; or re-created, in
- * sluice_conntrack, by ct_check_reverse, which takes an answered flow
- * for an established one; a key held) is assured where it is, as an
- * overflowed one. At tc only: XDP follows source-NATed flows only.
+ * that cannot move otherwise (its reply entry evicted since the packet's
+ * ct_check_reverse, which re-creates it in sluice_ct_new; a key held) is
+ * assured where it is, as an overflowed one. At tc only: XDP follows source-NATed flows only.
  */
 static __always_inline void FN(ct_assure_new)(const FAM(ct_key_t) *key,
 					      FAM(ct_entry_t) *fwd, __u64 now)

@@ -302,6 +302,53 @@ func TestCTAssuredFloodBounded(t *testing.T) {
 	})
 }
 
+// TestCTAssuredLostReply: a flow answered beyond the share (its entries
+// in sluice_ct_new) whose reply entry the LRU evicted before its
+// client's ACK: the ACK re-creates the reply entry beside the forward
+// entry (ct_check_reverse takes an unassured flow for a half-open one)
+// and both move to sluice_conntrack, assured, the replies translated.
+// Before, within a second of the SYN-ACK the ACK skipped the check (the
+// forward entry answered, its refresh not due) and assured the forward
+// entry alone, in sluice_ct_new: the replies went out untranslated.
+func TestCTAssuredLostReply(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		oneCPU(t)
+		d, m, be, f := assuredFlow(t, v6, func(c *Config) { c.CTHalfOpenMax = 1 })
+		ing, eg := d.TCIngress(), d.TCEgress()
+		flows := []flow{f, f}
+		flows[1].client = twinAddr(v6, "172.16.4.1")
+		for i, fl := range flows {
+			if v, _ := sendTo(t, ing, fl.pkt(tcpSYN_)); v != tcActOK {
+				t.Fatalf("SYN %d: verdict %d", i, v)
+			}
+			if v, out := runProg(t, eg, fl.from(be.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+				t.Fatalf("SYN-ACK %d: verdict %d from %s", i, v, outSrc(out))
+			}
+		}
+		fl := flows[1]
+		if _, lru := ctInTable(t, m, fl.fwdKey(), true); !lru {
+			t.Fatalf("the flow beyond the share is not in sluice_ct_new")
+		}
+		ctRemove(t, m, fl.revKey(be.addr))
+
+		if v, dst := sendTo(t, ing, fl.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+			t.Fatalf("ACK: verdict %d to %s", v, dst)
+		}
+		for _, k := range []ctK{fl.fwdKey(), fl.revKey(be.addr)} {
+			if e, ok := ctInTable(t, m, k, false); !ok || e.flags&awaitBits != awaitBits {
+				t.Errorf("after the ACK: %s in sluice_conntrack %+v (found %v), want it assured", k, e, ok)
+			}
+			if _, ok := ctInTable(t, m, k, true); ok {
+				t.Errorf("after the ACK: %s still in sluice_ct_new", k)
+			}
+		}
+		if v, out := runProg(t, eg, fl.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+			t.Errorf("reply after the ACK: verdict %d from %s, want %d from %s", v, outSrc(out), tcActOK, f.fe.Addr)
+		}
+		wantCounted(t, m, v6, 1, "after the ACK (the share's flow unassured)")
+	})
+}
+
 // TestCTAssuredSNAT: a source-NATed flow's port reservation stays counted
 // after the SYN-ACK (translated back to the client), both entries living
 // the SYN timeout, until the client's ACK assures the flow (the count 0,
