@@ -671,16 +671,20 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 // tables, the conntrack tables of e's family (est: which are
 // sluice_conntrack), whose keys key builds.
 //
-// A half-open flow's forward entry in sluice_conntrack counts against
-// the table's half-open share (bpf/lib/conntrack.h), as does an
-// unanswered port reservation (its reply entry, CT_F_ADMITTED), and only
-// the programs can take it off the count (an atomic or of CT_F_COUNTED
-// and an atomic add): it is not deleted but lapsed (its expiry put in
-// the past), which makes it absent to the datapath at once, and the GC's
-// claim deletes it and takes it off. A reply that promotes the flow
-// between the lookup here and the lapse, a microsecond apart, has its
-// flags overwritten and the flow is taken off twice (the share admits
-// one flow more, until two collections resync the count: GCConntrack).
+// The forward entry in sluice_conntrack of a flow half-open, or of a TCP
+// flow answered and not assured yet, counts against the table's
+// half-open share (bpf/lib/conntrack.h, ct_counts; counted here), as
+// does a port reservation not yet taken off (its reply entry,
+// CT_F_ADMITTED: until the first reply, a TCP flow's until its client's
+// ACK after it), and only the programs can take it off the count (an
+// atomic or of CT_F_COUNTED and an atomic add): it is not deleted but
+// lapsed (its expiry put in the past), which makes it absent to the
+// datapath at once, and the GC's claim deletes it and takes it off. A
+// packet that takes the flow off (a UDP reply promoting it, a TCP
+// client's ACK assuring it) between the lookup here and the lapse, a
+// microsecond apart, has its flags overwritten and the flow is taken off
+// twice (the share admits one flow more, until two collections resync
+// the count: GCConntrack).
 func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {
