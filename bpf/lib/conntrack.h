@@ -24,7 +24,7 @@
  *
  * Answered is not established for TCP (netfilter's SYN_RECV): a TCP
  * flow's first reply (the SYN-ACK) sets CT_F_REPLIED with CT_F_AWAIT, in
- * place, in sluice_conntrack or in sluice_ct_new (ct_promote_here): its
+ * place, in sluice_conntrack or in sluice_ct_new (ct_answer): its
  * replies are translated, but it keeps ct_timeout_syn_ns and its place
  * in the share until its client's first ACK after the reply (no SYN, FIN
  * or RST: ct_assure_due) assures it (CT_F_ASSURED, netfilter's
@@ -290,6 +290,21 @@ static __always_inline bool ct_awaiting(__u32 flags)
 }
 
 /*
+ * ct_tcp_settled - 1 if a TCP flow with @flags (not closed) lives the
+ * established timeout: answered (CT_F_REPLIED) and not awaiting its
+ * assurance (ct_awaiting), and not challenged (CT_F_CHAL_ANY); else 0.
+ * Computed without a branch: ct_lifetime runs at every refresh, on every
+ * path, and each branch there is one more for the verifier to walk.
+ */
+static __always_inline __u32 ct_tcp_settled(__u32 flags)
+{
+	__u32 awaiting = (flags / CT_F_AWAIT) & ~(flags / CT_F_ASSURED);
+
+	return (flags / CT_F_REPLIED) & ~awaiting & 1 &
+	       !(flags & CT_F_CHAL_ANY);
+}
+
+/*
  * ct_lifetime - how long an entry of @proto with @flags lives idle: a TCP
  * flow the established timeout once answered and assured (ct_assure),
  * ct_timeout_syn_ns before.
@@ -305,11 +320,9 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 		return ct_timeout_close_ns +
 		       (__u64)ct_snat_held(flags) *
 			       (ct_timeout_snat_tw_ns - ct_timeout_close_ns);
-	if (flags & CT_F_CHAL_ANY)
-		return ct_timeout_syn_ns;
-	return (flags & CT_F_REPLIED) && !ct_awaiting(flags) ?
-		       ct_timeout_tcp_ns :
-		       ct_timeout_syn_ns;
+	return ct_timeout_syn_ns +
+	       (__u64)ct_tcp_settled(flags) *
+		       (ct_timeout_tcp_ns - ct_timeout_syn_ns);
 }
 
 /*

@@ -1218,7 +1218,7 @@ static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
  * is: insert both of the flow's entries into sluice_conntrack
  * (established; CT_F_ASSURED on a TCP flow's), then drop the half-open
  * ones. (A TCP flow's first reply marks it answered where it is,
- * ct_promote_here: so a flood answered by its endpoints but never
+ * ct_answer: so a flood answered by its endpoints but never
  * acknowledged stays in the LRU beyond the half-open share.) The forward
  * entry is rebuilt from @rev, which names everything.
  * If the table is full, both stay in sluice_ct_new, established
@@ -1411,20 +1411,16 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 }
 
 /*
- * ct_promote_here - the first reply of the half-open flow whose reply entry
- * @rev was found in @map under @rkey (without CT_F_REPLIED): promote it in
- * place. Its forward entry must be there, alive and this flow's
- * (ct_is_peer). A UDP flow's (in sluice_conntrack only: the LRU's go by
- * ct_promote) is established: CT_F_REPLIED goes on both entries by atomic
- * or (on the forward one with CT_F_COUNTED: the one that sets it first
- * takes the flow off the half-open count, ct_uncount), and both expiries
- * move to the established lifetime (ct_refresh, forward only, never on a
- * claimed entry). A TCP flow's is answered (in sluice_conntrack or in
- * sluice_ct_new): CT_F_REPLIED with CT_F_AWAIT, in one or, on the reply
- * entry first and then the forward one, which ct_assure looks at; the
- * flow stays counted and keeps ct_timeout_syn_ns until its client's ACK
- * assures it (ct_assure), where netfilter's conntrack is SYN_RECV.
- * Nothing is inserted or deleted.
+ * ct_promote_here - the first reply of the half-open UDP flow whose reply
+ * entry @rev was found in sluice_conntrack under @rkey (without
+ * CT_F_REPLIED): promote it in place (the LRU's go by ct_promote). Its
+ * forward entry must be there, alive and this flow's (ct_is_peer);
+ * CT_F_REPLIED goes on both entries by atomic or (on the forward one with
+ * CT_F_COUNTED: the one that sets it first takes the flow off the
+ * half-open count, ct_uncount), and both expiries move to the established
+ * lifetime (ct_refresh, forward only, never on a claimed entry). Nothing
+ * is inserted or deleted. A TCP flow's first reply answers it in place
+ * instead (ct_answer).
  *
  * A forward entry of another flow (a newer flow took the tuple; a late
  * reply of the old backend) makes the reply stale: the reply entry goes
@@ -1438,9 +1434,45 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
  * once.
  * Returns 0, or -ENOENT.
  */
-static __always_inline int FN(ct_promote_here)(void *map,
-					       const FAM(ct_key_t) *rkey,
+static __always_inline int FN(ct_promote_here)(const FAM(ct_key_t) *rkey,
 					       FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) *f;
+	FAM(ct_key_t) fkey;
+
+	FN(ct_peer_key)(&fkey, rkey, rev);
+	f = bpf_map_lookup_elem(FAM(ct_est), &fkey);
+	if (!f || !ct_alive(READ_ONCE(f->expires), now))
+		return -ENOENT;
+	if (!FN(ct_is_peer)(rkey, rev, f)) {
+		FN(ct_reap_now_plain)(FAM(ct_est), rkey, rev);
+		return -ENOENT;
+	}
+	if (!(__sync_fetch_and_or(&f->flags, CT_F_REPLIED | CT_F_COUNTED) &
+	      (CT_F_REPLIED | CT_F_COUNTED)))
+		ct_admit_add(LB_FAMILY == 6, -1);
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
+	FN(ct_refresh)(f, rkey->proto, now);
+	FN(ct_refresh)(rev, rkey->proto, now);
+	if (READ_ONCE(f->expires) == CT_DEAD)
+		return -ENOENT;
+	return 0;
+}
+
+/*
+ * ct_answer - the first reply (the SYN-ACK) of the half-open TCP flow
+ * whose reply entry @rev was found in @map under @rkey (without
+ * CT_F_REPLIED), in sluice_conntrack or in sluice_ct_new: answered in
+ * place. Its forward entry must be in @map, alive and this flow's
+ * (ct_is_peer); CT_F_REPLIED with CT_F_AWAIT goes on both, in one or
+ * each, on the reply entry first and then the forward one, which
+ * ct_assure looks at, and both are refreshed (still ct_timeout_syn_ns).
+ * The flow stays counted until its client's ACK assures it (ct_assure),
+ * where netfilter's conntrack is SYN_RECV. Nothing is inserted or
+ * deleted; a stale reply is as ct_promote_here's. Returns 0, or -ENOENT.
+ */
+static __always_inline int FN(ct_answer)(void *map, const FAM(ct_key_t) *rkey,
+					 FAM(ct_entry_t) *rev, __u64 now)
 {
 	FAM(ct_entry_t) *f;
 	FAM(ct_key_t) fkey;
@@ -1453,18 +1485,10 @@ static __always_inline int FN(ct_promote_here)(void *map,
 		FN(ct_reap_now_plain)(map, rkey, rev);
 		return -ENOENT;
 	}
-	if (rkey->proto == IPPROTO_TCP) {
-		__sync_fetch_and_or(&rev->flags, CT_F_REPLIED | CT_F_AWAIT);
-		__sync_fetch_and_or(&f->flags, CT_F_REPLIED | CT_F_AWAIT);
-	} else {
-		if (!(__sync_fetch_and_or(&f->flags,
-					  CT_F_REPLIED | CT_F_COUNTED) &
-		      (CT_F_REPLIED | CT_F_COUNTED)))
-			ct_admit_add(LB_FAMILY == 6, -1);
-		__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
-	}
-	FN(ct_refresh)(f, rkey->proto, now);
-	FN(ct_refresh)(rev, rkey->proto, now);
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED | CT_F_AWAIT);
+	__sync_fetch_and_or(&f->flags, CT_F_REPLIED | CT_F_AWAIT);
+	FN(ct_refresh)(f, IPPROTO_TCP, now);
+	FN(ct_refresh)(rev, IPPROTO_TCP, now);
 	if (READ_ONCE(f->expires) == CT_DEAD)
 		return -ENOENT;
 	return 0;
@@ -1497,9 +1521,9 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
  * that of a half-open one, which this first reply promotes (ct_promote).
  *
  * A half-open flow in sluice_conntrack is promoted in place
- * (ct_promote_here), and so is a TCP flow in sluice_ct_new (answered
- * there, to move at its assurance: ct_assure); a stale reply of one is
- * not a reply (NULL, @err 0).
+ * (ct_promote_here; TCP: answered, ct_answer), and so is a TCP flow in
+ * sluice_ct_new (answered there, to move at its assurance: ct_assure); a
+ * stale reply of one is not a reply (NULL, @err 0).
  * sluice_ct_new is looked in only while it may hold entries (ct_new_live).
  * There, a TCP reply with SYN set (the backend's SYN-ACK) is looked up
  * first: its flow is half-open but for a retransmitted
@@ -1539,11 +1563,16 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	e = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
 		flags = READ_ONCE(e->flags);
-		/* A half-open flow there: promoted in place. */
-		if (!(flags & (CT_F_REPLIED | CT_F_SNAT)))
-			return FN(ct_promote_here)(FAM(ct_est), key, e, now) ?
-				       NULL :
-				       e;
+		/* A half-open flow there: promoted (TCP: answered) in
+		 * place.
+		 */
+		if (!(flags & (CT_F_REPLIED | CT_F_SNAT))) {
+			if (p->proto == IPPROTO_TCP)
+				return FN(ct_answer)(FAM(ct_est), key, e, now) ?
+					       NULL :
+					       e;
+			return FN(ct_promote_here)(key, e, now) ? NULL : e;
+		}
 		/* A port reservation whose flow has seen no reply yet. */
 		if (!(flags & CT_F_REPLIED)) {
 			*err = FN(ct_promote_snat)(key, e, now);
@@ -1561,7 +1590,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	if (!e || !ct_alive(READ_ONCE(e->expires), now))
 		return NULL;
 	/* A flow kept here while the table was full (ct_overflow), or a
-	 * TCP flow answered and not yet assured (ct_promote_here).
+	 * TCP flow answered and not yet assured (ct_answer).
 	 */
 	if (READ_ONCE(e->flags) & CT_F_REPLIED) {
 		FN(ct_touch)(key, e, now);
@@ -1570,7 +1599,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 promote:
 	/* A TCP flow: answered in place, to move at its assurance. */
 	if (p->proto == IPPROTO_TCP)
-		return FN(ct_promote_here)(FAM(ct_new), key, e, now) ? NULL : e;
+		return FN(ct_answer)(FAM(ct_new), key, e, now) ? NULL : e;
 	*err = FN(ct_promote)(key, e, now);
 	if (*err == -ENOENT)
 		*err = 0;
@@ -1588,10 +1617,10 @@ promote:
 }
 
 /*
- * ct_check_reverse - before a packet of the live forward entry @fwd (under
- * @key) is sent, make sure the flow's reply entry is there and is this
- * flow's: refresh it, or re-create it if it was deleted (a flush) or has
- * lapsed.
+ * ct_check_reverse_as - before a packet of the live forward entry @fwd
+ * (under @key), whose flags its caller read as @flags, is sent, make sure
+ * the flow's reply entry is there and is this flow's: refresh it, or
+ * re-create it if it was deleted (a flush) or has lapsed.
  *
  * A reply tuple held by a dead entry another deleter claimed and has not
  * deleted yet is not deferred, unlike ct_promote's: the flow's replies
@@ -1609,12 +1638,11 @@ promote:
  * replies would go to that flow or nowhere; or another negative error if
  * the entry cannot be re-created (-E2BIG: the table is full).
  */
-static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
-						const FAM(ct_key_t) *key,
-						const FAM(ct_entry_t) *fwd,
-						__u64 now)
+static __always_inline int FN(ct_check_reverse_as)(const FAM(pkt_t) *p,
+						   const FAM(ct_key_t) *key,
+						   const FAM(ct_entry_t) *fwd,
+						   __u32 flags, __u64 now)
 {
-	__u32 flags = READ_ONCE(fwd->flags);
 	/* Answered but unassured is half-open here: its entries may be in
 	 * sluice_ct_new, whose LRU may evict the reply entry alone; it is
 	 * re-created there, beside the forward entry, and moves with it at
@@ -1699,6 +1727,31 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 	return err;
 }
 
+/* ct_check_reverse - ct_check_reverse_as by @fwd's flags now. */
+static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
+						const FAM(ct_key_t) *key,
+						const FAM(ct_entry_t) *fwd,
+						__u64 now)
+{
+	return FN(ct_check_reverse_as)(p, key, fwd, READ_ONCE(fwd->flags), now);
+}
+
+/*
+ * ct_check_reverse_snat - ct_check_reverse of a source-NATed flow's
+ * forward entry @fwd (XDP follows no other): CT_F_SNAT, set at the
+ * entry's creation and never taken off, is known to the compiler and the
+ * verifier, which then neither build nor explore the branches of the
+ * flows it does not follow (half-open, unassured, kept in sluice_ct_new).
+ */
+static __always_inline int FN(ct_check_reverse_snat)(const FAM(pkt_t) *p,
+						     const FAM(ct_key_t) *key,
+						     const FAM(ct_entry_t) *fwd,
+						     __u64 now)
+{
+	return FN(ct_check_reverse_as)(p, key, fwd,
+				       READ_ONCE(fwd->flags) | CT_F_SNAT, now);
+}
+
 /*
  * ct_check_reverse_due - ct_check_reverse for a packet of the live
  * forward entry @fwd (under @key), whose refresh by this packet stored
@@ -1754,7 +1807,7 @@ static __always_inline bool FN(ct_assure_due)(const FAM(pkt_t) *p,
 /*
  * ct_assure_new - ct_assure of a flow (not source-NATed) whose entries are
  * in sluice_ct_new, its forward entry @fwd under @key: beyond the
- * half-open share when it started, answered there (ct_promote_here). It
+ * half-open share when it started, answered there (ct_answer). It
  * moves to sluice_conntrack, established (ct_promote: the LRU-to-table
  * move a UDP flow makes at its first reply), or stays in sluice_ct_new,
  * established, if the table is full (ct_overflow). A flow whose move
