@@ -289,6 +289,12 @@ static __always_inline bool ct_awaiting(__u32 flags)
 	return (flags & (CT_F_AWAIT | CT_F_ASSURED)) == CT_F_AWAIT;
 }
 
+/* ct_awaiting_bit - ct_awaiting in bit 0, computed without a branch. */
+static __always_inline __u32 ct_awaiting_bit(__u32 flags)
+{
+	return (flags / CT_F_AWAIT) & ~(flags / CT_F_ASSURED) & 1;
+}
+
 /*
  * ct_tcp_settled - 1 if a TCP flow with @flags (not closed) lives the
  * established timeout: answered (CT_F_REPLIED) and not awaiting its
@@ -298,9 +304,7 @@ static __always_inline bool ct_awaiting(__u32 flags)
  */
 static __always_inline __u32 ct_tcp_settled(__u32 flags)
 {
-	__u32 awaiting = (flags / CT_F_AWAIT) & ~(flags / CT_F_ASSURED);
-
-	return (flags / CT_F_REPLIED) & ~awaiting & 1 &
+	return (flags / CT_F_REPLIED) & ~ct_awaiting_bit(flags) & 1 &
 	       !(flags & CT_F_CHAL_ANY);
 }
 

@@ -32,9 +32,14 @@ static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
  * its expiry to its closed lifetime from @now if this closes the flow, or
  * ends its TIME_WAIT extension (a RST: ct_snat_held) (ct_lifetime: the
  * close timeout, or a FIN-closed source-NATed flow's TIME_WAIT): closer
- * for an established flow; further for one that closes unassured
- * (CT_F_AWAIT: its client's FIN came before any ACK), whose SYN timeout
- * is shorter than the TIME_WAIT a source-NATed flow holds its port for.
+ * for an established flow; further for one whose lifetime was shorter,
+ * one that closes unassured (CT_F_AWAIT: its client's FIN came before
+ * any ACK) or challenged (CT_F_CHAL_ANY), whose SYN timeout is shorter
+ * than the TIME_WAIT a source-NATed flow holds its port for. Further is
+ * what the refresh by the closed flags gives the flow's next packet, and
+ * a source-NATed flow's reservation this packet's (ct_check_reverse):
+ * both entries get it at once so. Written with the expiry seen even when
+ * it is the one wanted (a no-op): one branch less to verify.
  */
 static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 					__u8 proto, __u64 now)
@@ -51,7 +56,7 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 		return;
 	seen = READ_ONCE(e->expires);
 	want = now + ct_lifetime(IPPROTO_TCP, old | bits);
-	if (ct_alive(seen, now) && want != seen)
+	if (ct_alive(seen, now))
 		__sync_val_compare_and_swap(&e->expires, seen, want);
 }
 
@@ -1646,10 +1651,11 @@ static __always_inline int FN(ct_check_reverse_as)(const FAM(pkt_t) *p,
 	/* Answered but unassured is half-open here: its entries may be in
 	 * sluice_ct_new, whose LRU may evict the reply entry alone; it is
 	 * re-created there, beside the forward entry, and moves with it at
-	 * the assurance (ct_assure_new).
+	 * the assurance (ct_assure_new). Without a branch (in bit 0): one
+	 * less for the verifier to walk on every path.
 	 */
-	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT)) ||
-			 (ct_awaiting(flags) && !(flags & CT_F_SNAT));
+	bool half_open = ~(flags / CT_F_SNAT) &
+			 (~(flags / CT_F_REPLIED) | ct_awaiting_bit(flags)) & 1;
 	FAM(ct_entry_t) e = {
 		.expires = now + ct_lifetime(p->proto, flags),
 		.nat_addr = key->daddr,
@@ -1779,8 +1785,8 @@ static __always_inline int FN(ct_check_reverse_due)(const FAM(pkt_t) *p,
 	__u32 flags = READ_ONCE(fwd->flags);
 
 	if (!refreshed && !explain_dry(p) &&
-	    (flags & (CT_F_REPLIED | CT_F_SNAT)) == CT_F_REPLIED &&
-	    !ct_awaiting(flags))
+	    ((flags / CT_F_REPLIED) & ~(flags / CT_F_SNAT) &
+	     ~ct_awaiting_bit(flags) & 1))
 		return 0;
 	return FN(ct_check_reverse)(p, key, fwd, now);
 }
