@@ -1852,6 +1852,12 @@ static __always_inline void FN(ct_assure_new)(const FAM(ct_key_t) *key,
  * assured entry as counted) and their expiries move to the established
  * lifetime (ct_refresh). A flow whose entries are in sluice_ct_new moves
  * to sluice_conntrack (ct_assure_new).
+ * The other entry is found live (ct_peer) even if it had lapsed and was
+ * kept (the GC keeps a port reservation beside its live forward entry):
+ * every caller runs the packet's ct_check_reverse first, which revives
+ * it, or drops a source-NATed flow's packet when it cannot; so a kept
+ * reservation is taken off the count here as ct_uncount, which goes by
+ * the flags alone, would take it off when claimed.
  * A global function with CT_ASSURE_GLOBAL defined (tc.c, xdp.c), which
  * the verifier checks once, on its own, and whose frame is not added to
  * every packet's path: it runs once a flow (its pointers may be NULL as

@@ -7,6 +7,7 @@ package datapath
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 )
@@ -58,6 +59,59 @@ func TestCTMarkClosedLifetimeBothEntries(t *testing.T) {
 		hi = clockNow(t)
 		for _, k := range []ctK{f.fwd, f.rev} {
 			ctExpiresWithin(t, m, k, ctFlagSNAT|ctFlagFinRev|ctFlagFinFwd|ctFlagChalRev, ctFlagRST, twTimeWait, lo, hi, "challenged, then closed by the client's FIN")
+		}
+	})
+}
+
+// TestCTAssuredKeptReservation: a source-NATed flow answered and not
+// assured whose port reservation has lapsed and is kept (its forward
+// entry alive: the GC keeps it, as the flow still sends from that port)
+// is assured by its client's ACK all the same, through tc and through
+// XDP: the reservation, revived, gets CT_F_ASSURED and the established
+// timeout, and leaves the half-open count (as ct_uncount, which goes by
+// the flags, not the expiry, would take it off when claimed): ct_assure
+// finds it live (ct_peer) because the packet's ct_check_reverse revived
+// it first. With XDP's ct_assure moved before that check (tried), the
+// reservation stayed counted and unassured (counted 1).
+func TestCTAssuredKeptReservation(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		for _, xdp := range []bool{false, true} {
+			t.Run(map[bool]string{false: "tc", true: "xdp"}[xdp], func(t *testing.T) {
+				d, ifindex, np, be, cfg := twNode(t, v6, xdp)
+				m := d.Maps()
+				client := twClient(np)
+				f := twOpen(t, d, ifindex, np, be, client, 44300)
+				wantCounted(t, m, v6, 1, "after the SYN-ACK")
+				for _, k := range []ctK{f.fwd, f.rev} {
+					wantFlags(t, m, k, awaitBits, ctFlagReplied|ctFlagAwait, "after the SYN-ACK")
+				}
+				ctSetSeen(t, m, f.rev, -cfg.CTTimeoutSYN-time.Second)
+				if _, alive := twAlive(t, m, f.rev); alive {
+					t.Fatalf("reservation %s alive after its expiry was put in the past", f.rev)
+				}
+				if _, err := m.GCConntrack(); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := ctLookup(t, m, f.rev); !ok {
+					t.Fatalf("reservation %s not kept by the GC beside its live forward entry", f.rev)
+				}
+				ack := nsClient(f.cport, np)
+				ack.Src, ack.TCPFlags = addr(client), tcpACK
+				lo := clockNow(t)
+				if xdp {
+					if v, _ := runXDP(t, d.XDP(), ifindex, ack.Bytes()); v != xdpTx {
+						t.Fatalf("client's ACK: XDP verdict %d, want XDP_TX (%d)", v, xdpTx)
+					}
+				} else if v, _ := runOn(t, d.TCIngress(), ifindex, ack.Bytes()); v != tcActRedirect {
+					t.Fatalf("client's ACK: verdict %d", v)
+				}
+				hi := clockNow(t)
+				for _, k := range []ctK{f.fwd, f.rev} {
+					wantFlags(t, m, k, awaitBits|ctFlagCounted, awaitBits|ctFlagCounted, "after the client's ACK")
+					wantExpiry(t, m, k, lo, hi, cfg.CTTimeoutTCP, "after the client's ACK")
+				}
+				wantCounted(t, m, v6, 0, "after the client's ACK")
+			})
 		}
 	})
 }
