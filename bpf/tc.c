@@ -70,6 +70,7 @@
 #define CT_SNAT_TRY_GLOBAL /* conntrack_fam.h: ct_snat_try */
 #define CT_EST_OVERFLOW	   /* conntrack_fam.h: ct_overflow */
 #define CT_SNAT_TAKE	   /* conntrack.h: CT_SNAT_TAKES */
+#define CT_ASSURE_GLOBAL   /* conntrack_fam.h: ct_assure */
 #define ICMP_RATE_LIMIT	   /* icmp.h: icmp_rl_allow and its maps, icmp_reject_src */
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
@@ -528,6 +529,12 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		metric_count(p, METRIC_TC_CT_FULL);
 	}
 	metric_count(p, METRIC_TC_DNAT_CT);
+	/* The client's ACK after the answer: assured (conntrack.h). Last,
+	 * with nothing live across the call (the dry run's stack is at
+	 * its limit).
+	 */
+	if (ct_assure_due(p, fwd))
+		ct_assure(key, fwd, now);
 	return 0;
 }
 

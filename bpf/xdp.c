@@ -49,6 +49,7 @@
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/affinity.h"
+#define CT_ASSURE_GLOBAL /* conntrack_fam.h: ct_assure */
 #include "lib/conntrack.h"
 #include "lib/nat.h"
 #include "lib/nat6.h"
@@ -245,7 +246,7 @@ static __always_inline int xdp6_create_snat(const struct pkt6 *p,
 }
 
 /*
- * xdp6_check_reverse - ct_check_reverse6, in a frame of its own (its
+ * xdp6_check_reverse - ct_check_reverse_snat6, in a frame of its own (its
  * entry and key would not fit xdp_fwd6's on the stack with the calls
  * under it).
  */
@@ -253,7 +254,7 @@ static __noinline int xdp6_check_reverse(const struct pkt6 *p,
 					 const struct ct6_key *key,
 					 const struct ct6_entry *fwd, __u64 now)
 {
-	return ct_check_reverse6(p, key, fwd, now);
+	return ct_check_reverse_snat6(p, key, fwd, now);
 }
 
 /*
@@ -279,7 +280,7 @@ static __noinline int xdp6_promote_snat(const struct ct6_key *rkey,
 #define xdp_step_6	    __noinline
 #define xdp_create_snat_4   ct_create_snat
 #define xdp_create_snat_6   xdp6_create_snat
-#define xdp_check_reverse_4 ct_check_reverse
+#define xdp_check_reverse_4 ct_check_reverse_snat
 #define xdp_check_reverse_6 xdp6_check_reverse
 #define xdp_promote_snat_4  ct_promote_snat
 #define xdp_promote_snat_6  xdp6_promote_snat

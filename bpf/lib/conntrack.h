@@ -11,26 +11,47 @@
  * a plain hash that nothing evicts, half-open (without CT_F_REPLIED, with
  * the short lifetime for TCP, ct_timeout_syn_ns), and its first reply
  * promotes them in place (ct_promote_here: CT_F_REPLIED set on both,
- * their expiries pushed forward; nothing inserted or deleted). But only
- * ct_half_open_max half-open flows of a family may be there at once
- * (ct_admit_room: a quarter of the table by default); beyond, a new
- * flow's entries go to sluice_ct_new, an LRU, and its first reply moves
+ * their expiries pushed forward; nothing inserted or deleted; a TCP
+ * flow's promotion is in two steps, below). But only ct_half_open_max
+ * half-open flows of a family may be there at once (ct_admit_room: a
+ * quarter of the table by default); beyond, a new flow's entries go to
+ * sluice_ct_new, an LRU, and its first reply (TCP: its assurance) moves
  * them to sluice_conntrack (ct_promote). So a flood of new flows (a SYN
  * flood, a scan, a burst of connections) takes at most that share of the
  * established table, whose half-open flows the GC reaps once their
  * lifetime is over, and beyond it evicts only half-open flows in the LRU,
  * never established ones.
  *
+ * Answered is not established for TCP (netfilter's SYN_RECV): a TCP
+ * flow's first reply (the SYN-ACK) sets CT_F_REPLIED with CT_F_AWAIT, in
+ * place, in sluice_conntrack or in sluice_ct_new (ct_answer): its
+ * replies are translated, but it keeps ct_timeout_syn_ns and its place
+ * in the share until its client's first ACK after the reply (no SYN, FIN
+ * or RST: ct_assure_due) assures it (CT_F_ASSURED, netfilter's
+ * IPS_ASSURED, ct_assure): then it leaves the count, lives the
+ * established lifetime, and one in sluice_ct_new moves to
+ * sluice_conntrack (ct_assure_new, ct_promote). So a SYN flood from
+ * spoofed sources whose endpoints answer every SYN, whose clients never
+ * acknowledge, is bounded as an unanswered one: the share's flows in
+ * sluice_conntrack, the rest in the LRU, each living the SYN timeout.
+ * A UDP flow, which has no handshake, is established by its first reply
+ * (moved from the LRU by ct_promote). An entry of an earlier release with
+ * CT_F_REPLIED and without CT_F_AWAIT is established (ct_awaiting).
+ * Sluice keeps no sequence numbers: an ACK is not judged by its window,
+ * as netfilter's tcp_in_window judges the one that assures.
+ *
  * The share is counted per CPU and folded into one word every
  * CT_ADMIT_BATCH flows (ct_admit_add), as the kernel's percpu_counter
  * does: the bound holds within CT_ADMIT_BATCH a CPU. A flow is counted
  * when its entries go in (ct_create) and taken off exactly once, by
- * whoever first sets CT_F_COUNTED on its forward entry: the promotion in
- * place (with CT_F_REPLIED, in one atomic or), or the deleter that
- * claimed the entry of a flow ending half-open (ct_reap, ct_reap_now: the
- * GC, a flush, a superseding flow, ct_est_insert's reclaim). An entry
- * that enters sluice_conntrack uncounted (promoted from the LRU) carries
- * the bit from its insert.
+ * whoever first sets CT_F_COUNTED on its forward entry: its assurance
+ * (TCP, ct_assure, before CT_F_ASSURED), the promotion in place of a UDP
+ * flow (with CT_F_REPLIED, in one atomic or), or the deleter that claimed
+ * the entry of a flow ending half-open or unassured (ct_reap, ct_reap_now:
+ * the GC, a flush, a superseding flow, ct_est_insert's reclaim), which
+ * reads whether it still counts from the flags its or returned
+ * (ct_counts). An entry that enters sluice_conntrack uncounted (promoted
+ * from the LRU) carries the bit from its insert.
  *
  * The LRU is looked in only while it may hold something: a word per
  * family (ct_admit.new_live) that a program sets after it inserts into
@@ -50,20 +71,23 @@
  * A source-NATed flow's port reservation (its reply entry) lives in
  * sluice_conntrack from the start, since uniqueness of a port needs one
  * map, and an LRU must never evict it apart from its flow; its
- * CT_F_REPLIED flag says whether the flow is established yet. Until then
- * it counts in the half-open share as a flow of ct_create's does: counted
- * at its insert (ct_create_snat, CT_F_ADMITTED on it) and taken off
- * exactly once, by whoever first sets CT_F_COUNTED on the reservation
- * (not on the forward entry, which may be in the LRU and evicted): its
- * promotion (ct_promote_snat, with CT_F_REPLIED), or the deleter that
- * claims it unanswered (ct_reap, ct_reap_now: the GC, a flush, a
+ * CT_F_REPLIED flag says whether the flow is answered yet (CT_F_AWAIT and
+ * CT_F_ASSURED, for TCP, whether established). Until then it counts in
+ * the half-open share as a flow of ct_create's does: counted at its
+ * insert (ct_create_snat, CT_F_ADMITTED on it) and taken off exactly
+ * once, by whoever first sets CT_F_COUNTED on the reservation (not on
+ * the forward entry, which may be in the LRU and evicted): its flow's
+ * assurance (TCP, ct_assure) or promotion (UDP, ct_promote_snat, with
+ * CT_F_REPLIED), or the deleter that claims it unanswered or unassured
+ * (ct_reap, ct_reap_now: the GC, a flush, a
  * superseding flow, a TIME_WAIT take-over, ct_est_insert's reclaim, the
  * port given back). Beyond the share a new source-NATed flow is refused
  * (ct_snat_room: its SYN dropped, counted tc_snat_half_open_full), for
  * its reservation has no LRU to go to: so a flood to a source-NATed
  * frontend (SYN-ACKs never answered) takes at most that share of the
  * table too (in entries: a reservation is one, so twice ct_half_open_max
- * of them), and refuses only new source-NATed flows meanwhile.
+ * of them), and refuses only new source-NATed flows meanwhile; answered
+ * by its endpoints and never acknowledged, as well.
  *
  * Expiry. An entry holds the absolute time it dies (expires), compared
  * signed with a clock reading: another CPU that refreshed the entry after
@@ -256,7 +280,39 @@ static __always_inline __u32 ct_snat_held(__u32 flags)
 	return (flags & CT_F_SNAT) & !(flags & CT_F_RST_ANY);
 }
 
-/* ct_lifetime - how long an entry of @proto with @flags lives idle. */
+/*
+ * ct_awaiting - whether a TCP flow with @flags is answered but not
+ * assured yet (CT_F_AWAIT without CT_F_ASSURED): netfilter's SYN_RECV.
+ */
+static __always_inline bool ct_awaiting(__u32 flags)
+{
+	return (flags & (CT_F_AWAIT | CT_F_ASSURED)) == CT_F_AWAIT;
+}
+
+/* ct_awaiting_bit - ct_awaiting in bit 0, computed without a branch. */
+static __always_inline __u32 ct_awaiting_bit(__u32 flags)
+{
+	return (flags / CT_F_AWAIT) & ~(flags / CT_F_ASSURED) & 1;
+}
+
+/*
+ * ct_tcp_settled - 1 if a TCP flow with @flags (not closed) lives the
+ * established timeout: answered (CT_F_REPLIED) and not awaiting its
+ * assurance (ct_awaiting), and not challenged (CT_F_CHAL_ANY); else 0.
+ * Computed without a branch: ct_lifetime runs at every refresh, on every
+ * path, and each branch there is one more for the verifier to walk.
+ */
+static __always_inline __u32 ct_tcp_settled(__u32 flags)
+{
+	return (flags / CT_F_REPLIED) & ~ct_awaiting_bit(flags) & 1 &
+	       !(flags & CT_F_CHAL_ANY);
+}
+
+/*
+ * ct_lifetime - how long an entry of @proto with @flags lives idle: a TCP
+ * flow the established timeout once answered and assured (ct_assure),
+ * ct_timeout_syn_ns before.
+ */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 {
 	if (proto != IPPROTO_TCP)
@@ -268,9 +324,28 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 		return ct_timeout_close_ns +
 		       (__u64)ct_snat_held(flags) *
 			       (ct_timeout_snat_tw_ns - ct_timeout_close_ns);
-	if (flags & CT_F_CHAL_ANY)
-		return ct_timeout_syn_ns;
-	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
+	return ct_timeout_syn_ns +
+	       (__u64)ct_tcp_settled(flags) *
+		       (ct_timeout_tcp_ns - ct_timeout_syn_ns);
+}
+
+/*
+ * ct_counts - whether an entry of sluice_conntrack with @flags, in
+ * direction @dir, holds a place in the half-open count (ct_uncount, the
+ * GC's count): a forward entry not source-NATed whose flow is half-open
+ * or answered but unassured (CT_F_AWAIT), unless CT_F_COUNTED says it was
+ * taken off (or never counted: an earlier release's established entry
+ * has CT_F_REPLIED without CT_F_AWAIT, and one before the share
+ * existed without CT_F_COUNTED); or a port reservation counted
+ * (CT_F_ADMITTED) and not taken off yet.
+ */
+static __always_inline bool ct_counts(__u8 dir, __u32 flags)
+{
+	if (dir != CT_FORWARD)
+		return (flags & (CT_F_ADMITTED | CT_F_COUNTED)) ==
+		       CT_F_ADMITTED;
+	return !(flags & (CT_F_COUNTED | CT_F_SNAT)) &&
+	       (!(flags & CT_F_REPLIED) || ct_awaiting(flags));
 }
 
 /*

@@ -28,10 +28,18 @@ static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
 
 /*
  * ct_mark - set @bits in the flags of @e atomically (the two ends of a
- * flow closing at once on two CPUs must both leave their mark), and bring
- * its expiry forward to its closed lifetime if this closes the flow, or
+ * flow closing at once on two CPUs must both leave their mark), and move
+ * its expiry to its closed lifetime from @now if this closes the flow, or
  * ends its TIME_WAIT extension (a RST: ct_snat_held) (ct_lifetime: the
- * close timeout, or a FIN-closed source-NATed flow's TIME_WAIT).
+ * close timeout, or a FIN-closed source-NATed flow's TIME_WAIT): closer
+ * for an established flow; further for one whose lifetime was shorter,
+ * one that closes unassured (CT_F_AWAIT: its client's FIN came before
+ * any ACK) or challenged (CT_F_CHAL_ANY), whose SYN timeout is shorter
+ * than the TIME_WAIT a source-NATed flow holds its port for. Further is
+ * what the refresh by the closed flags gives the flow's next packet, and
+ * a source-NATed flow's reservation this packet's (ct_check_reverse):
+ * both entries get it at once so. Written with the expiry seen even when
+ * it is the one wanted (a no-op): one branch less to verify.
  */
 static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 					__u8 proto, __u64 now)
@@ -48,7 +56,7 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 		return;
 	seen = READ_ONCE(e->expires);
 	want = now + ct_lifetime(IPPROTO_TCP, old | bits);
-	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
+	if (ct_alive(seen, now))
 		__sync_val_compare_and_swap(&e->expires, seen, want);
 }
 
@@ -95,33 +103,22 @@ static __always_inline bool FN(ct_new_live)(void)
 }
 
 /*
- * ct_uncount - after a claim of @e (under @key in @map): if it is the
- * forward entry in sluice_conntrack of a flow still counted as half-open
- * there, or a port reservation still counted so (CT_F_ADMITTED without
- * CT_F_COUNTED), take it off the count, unless its promotion (or another
- * claimer) did first: whoever sets CT_F_COUNTED first does (conntrack.h).
- * A forward entry promoted or source-NATed never counted (CT_F_REPLIED
- * and CT_F_SNAT say so without the bit, for entries of an earlier
- * release), nor did a reply entry without CT_F_ADMITTED.
+ * ct_uncount - after a claim of @e (under @key in @map): if it is an entry
+ * of sluice_conntrack that holds a place in the half-open count
+ * (ct_counts: the forward entry of a flow half-open or unassured, a port
+ * reservation counted), take it off the count, unless its flow's
+ * assurance or promotion (or another claimer) did first: whoever sets
+ * CT_F_COUNTED first does (conntrack.h). ct_assure sets CT_F_COUNTED
+ * before CT_F_ASSURED, so no value of the flags this or reads says
+ * "assured" before the assurance has had its or.
  */
 static __always_inline void FN(ct_uncount)(void *map, const FAM(ct_key_t) *key,
 					   FAM(ct_entry_t) *e)
 {
-	const __u32 done = CT_F_COUNTED | CT_F_REPLIED | CT_F_SNAT;
-
-	if (map != (void *)FAM(ct_est))
+	if (map != (void *)FAM(ct_est) ||
+	    !ct_counts(key->dir, READ_ONCE(e->flags)))
 		return;
-	if (key->dir == CT_FORWARD) {
-		if (READ_ONCE(e->flags) & done)
-			return;
-		if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & done))
-			ct_admit_add(LB_FAMILY == 6, -1);
-		return;
-	}
-	if ((READ_ONCE(e->flags) & (CT_F_ADMITTED | CT_F_COUNTED)) !=
-	    CT_F_ADMITTED)
-		return;
-	if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & CT_F_COUNTED))
+	if (ct_counts(key->dir, __sync_fetch_and_or(&e->flags, CT_F_COUNTED)))
 		ct_admit_add(LB_FAMILY == 6, -1);
 }
 
@@ -1220,10 +1217,15 @@ static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
 }
 
 /*
- * ct_promote - the first reply of the half-open flow whose reply entry
- * @rev was found in sluice_ct_new under @rkey: insert both of the flow's
- * entries into sluice_conntrack (established), then drop the half-open
- * ones. The forward entry is rebuilt from @rev, which names everything.
+ * ct_promote - the first reply of the half-open UDP flow whose reply
+ * entry @rev was found in sluice_ct_new under @rkey, or the assurance of
+ * the answered TCP flow (CT_F_AWAIT, ct_assure_new) whose reply entry it
+ * is: insert both of the flow's entries into sluice_conntrack
+ * (established; CT_F_ASSURED on a TCP flow's), then drop the half-open
+ * ones. (A TCP flow's first reply marks it answered where it is,
+ * ct_answer: so a flood answered by its endpoints but never
+ * acknowledged stays in the LRU beyond the half-open share.) The forward
+ * entry is rebuilt from @rev, which names everything.
  * If the table is full, both stay in sluice_ct_new, established
  * (ct_overflow, counted tc_ct_est_overflow).
  *
@@ -1276,7 +1278,8 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 		FN(ct_new_drop)(rkey, &r);
 		return -ENOENT;
 	}
-	r.flags |= CT_F_REPLIED;
+	/* A TCP flow moves at its assurance (ct_assure), established. */
+	r.flags |= CT_F_REPLIED | ((r.flags & CT_F_AWAIT) ? CT_F_ASSURED : 0);
 	r.expires = now + ct_lifetime(rkey->proto, r.flags);
 	f = r;
 	f.nat_addr = rkey->saddr;
@@ -1334,8 +1337,12 @@ overflow:
  * ct_promote_snat - the first reply of a source-NATed flow, whose
  * reservation @rev (under @rkey) is already in sluice_conntrack: insert the
  * forward entry there (rebuilt from @rev), mark the reservation
- * established, drop the half-open forward entry; if the table is full,
- * the forward entry stays in sluice_ct_new, established (ct_overflow).
+ * answered, drop the half-open forward entry; if the table is full,
+ * the forward entry stays in sluice_ct_new, answered (ct_overflow).
+ * A UDP flow is established so, its reservation taken off the half-open
+ * count; a TCP flow's entries get CT_F_AWAIT too, and the reservation
+ * stays counted, its lifetime ct_timeout_syn_ns, until the client's ACK
+ * assures the flow (ct_assure).
  * If the forward key is held by a dead entry another deleter claimed and
  * has not deleted yet (ct_est_claimed: the tuple's previous flow, reaped
  * by the GC as the client reuses its port), the flow stays half-open, its
@@ -1361,7 +1368,8 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 		FN(ct_reap_now)(FAM(ct_est), rkey, rev);
 		return -ENOENT;
 	}
-	f.flags = (f.flags & ~CT_F_ADMITTED) | CT_F_REPLIED | CT_F_COUNTED;
+	f.flags = (f.flags & ~CT_F_ADMITTED) | CT_F_REPLIED | CT_F_COUNTED |
+		  (rkey->proto == IPPROTO_TCP ? CT_F_AWAIT : 0);
 	f.expires = now + ct_lifetime(rkey->proto, f.flags);
 	f.nat_addr = rkey->saddr;
 	f.nat_port = rkey->sport;
@@ -1387,7 +1395,15 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 		FN(ct_est_unpromote)(&fkey, f.expires);
 		return -ENOENT;
 	}
-	/* Answered: a counted reservation leaves the half-open count,
+	/* Answered: a TCP flow's reservation stays counted until its
+	 * assurance (ct_assure).
+	 */
+	if (rkey->proto == IPPROTO_TCP) {
+		__sync_fetch_and_or(&rev->flags, CT_F_REPLIED | CT_F_AWAIT);
+		FN(ct_refresh)(rev, IPPROTO_TCP, now);
+		return err;
+	}
+	/* A UDP flow's counted reservation leaves the half-open count,
 	 * unless a claimer set CT_F_COUNTED first (ct_uncount); after the
 	 * refresh, so that nothing but @err is live across that call (the
 	 * IPv6 XDP reply path's stack has no slot to spare).
@@ -1400,14 +1416,16 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 }
 
 /*
- * ct_promote_here - the first reply of the half-open flow whose reply entry
- * @rev was found in sluice_conntrack under @rkey (without CT_F_REPLIED):
- * promote it in place. Its forward entry must be there, alive and this
- * flow's (ct_is_peer); CT_F_REPLIED goes on both entries by atomic or (on
- * the forward one with CT_F_COUNTED: the one that sets it first takes the
- * flow off the half-open count, ct_uncount), and both expiries move to
- * the established lifetime (ct_refresh, forward only, never on a claimed
- * entry). Nothing is inserted or deleted.
+ * ct_promote_here - the first reply of the half-open UDP flow whose reply
+ * entry @rev was found in sluice_conntrack under @rkey (without
+ * CT_F_REPLIED): promote it in place (the LRU's go by ct_promote). Its
+ * forward entry must be there, alive and this flow's (ct_is_peer);
+ * CT_F_REPLIED goes on both entries by atomic or (on the forward one with
+ * CT_F_COUNTED: the one that sets it first takes the flow off the
+ * half-open count, ct_uncount), and both expiries move to the established
+ * lifetime (ct_refresh, forward only, never on a claimed entry). Nothing
+ * is inserted or deleted. A TCP flow's first reply answers it in place
+ * instead (ct_answer).
  *
  * A forward entry of another flow (a newer flow took the tuple; a late
  * reply of the old backend) makes the reply stale: the reply entry goes
@@ -1447,6 +1465,41 @@ static __always_inline int FN(ct_promote_here)(const FAM(ct_key_t) *rkey,
 }
 
 /*
+ * ct_answer - the first reply (the SYN-ACK) of the half-open TCP flow
+ * whose reply entry @rev was found in @map under @rkey (without
+ * CT_F_REPLIED), in sluice_conntrack or in sluice_ct_new: answered in
+ * place. Its forward entry must be in @map, alive and this flow's
+ * (ct_is_peer); CT_F_REPLIED with CT_F_AWAIT goes on both, in one or
+ * each, on the reply entry first and then the forward one, which
+ * ct_assure looks at, and both are refreshed (still ct_timeout_syn_ns).
+ * The flow stays counted until its client's ACK assures it (ct_assure),
+ * where netfilter's conntrack is SYN_RECV. Nothing is inserted or
+ * deleted; a stale reply is as ct_promote_here's. Returns 0, or -ENOENT.
+ */
+static __always_inline int FN(ct_answer)(void *map, const FAM(ct_key_t) *rkey,
+					 FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) *f;
+	FAM(ct_key_t) fkey;
+
+	FN(ct_peer_key)(&fkey, rkey, rev);
+	f = bpf_map_lookup_elem(map, &fkey);
+	if (!f || !ct_alive(READ_ONCE(f->expires), now))
+		return -ENOENT;
+	if (!FN(ct_is_peer)(rkey, rev, f)) {
+		FN(ct_reap_now_plain)(map, rkey, rev);
+		return -ENOENT;
+	}
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED | CT_F_AWAIT);
+	__sync_fetch_and_or(&f->flags, CT_F_REPLIED | CT_F_AWAIT);
+	FN(ct_refresh)(f, IPPROTO_TCP, now);
+	FN(ct_refresh)(rev, IPPROTO_TCP, now);
+	if (READ_ONCE(f->expires) == CT_DEAD)
+		return -ENOENT;
+	return 0;
+}
+
+/*
  * ct_reply_dry - ct_reply for a dry run (explain.h): the live entry under
  * @key, established or half-open, which would translate the reply;
  * promoted and refreshed nothing. That a promotion could fail (a full
@@ -1473,23 +1526,27 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
  * that of a half-open one, which this first reply promotes (ct_promote).
  *
  * A half-open flow in sluice_conntrack is promoted in place
- * (ct_promote_here); a stale reply of one is not a reply (NULL, @err 0).
+ * (ct_promote_here; TCP: answered, ct_answer), and so is a TCP flow in
+ * sluice_ct_new (answered there, to move at its assurance: ct_assure); a
+ * stale reply of one is not a reply (NULL, @err 0).
  * sluice_ct_new is looked in only while it may hold entries (ct_new_live).
  * There, a TCP reply with SYN set (the backend's SYN-ACK) is looked up
  * first: its flow is half-open but for a retransmitted
  * SYN-ACK, so the first reply saves sluice_conntrack's miss. A live
- * half-open entry found so is promoted at once; ct_create keeps a live
- * established entry of another frontend off its tuple (a clash), and one
- * of the same frontend that it could not reap (refreshed meanwhile)
- * names the same translation, which ct_promote's ct_est_same accepts.
+ * half-open entry found so is promoted (TCP: answered) at once; ct_create
+ * keeps a live established entry of another frontend off its tuple (a
+ * clash), and one of the same frontend that it could not reap (refreshed
+ * meanwhile) names the same translation, which ct_promote's ct_est_same
+ * accepts.
  * Anything else found there (an overflowed flow, a lapsed entry) is
  * looked up in the order below, as any reply's. A source-NATed flow's
  * SYN-ACK, whose port reservation is in sluice_conntrack from the start,
  * pays the miss in sluice_ct_new instead.
  *
- * Returns the entry (in sluice_conntrack), or NULL with @err 0 if @p is
- * not such a reply, or NULL with a negative @err if the flow cannot be
- * promoted (-E2BIG: refused, the table is full): drop @p.
+ * Returns the entry (in sluice_conntrack; in sluice_ct_new for a flow
+ * kept or answered there), or NULL with @err 0 if @p is not such a
+ * reply, or NULL with a negative @err if the flow cannot be promoted
+ * (-E2BIG: refused, the table is full): drop @p.
  */
 static __always_inline FAM(ct_entry_t) *
 FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
@@ -1511,9 +1568,16 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	e = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
 		flags = READ_ONCE(e->flags);
-		/* A half-open flow there: promoted in place. */
-		if (!(flags & (CT_F_REPLIED | CT_F_SNAT)))
+		/* A half-open flow there: promoted (TCP: answered) in
+		 * place.
+		 */
+		if (!(flags & (CT_F_REPLIED | CT_F_SNAT))) {
+			if (p->proto == IPPROTO_TCP)
+				return FN(ct_answer)(FAM(ct_est), key, e, now) ?
+					       NULL :
+					       e;
 			return FN(ct_promote_here)(key, e, now) ? NULL : e;
+		}
 		/* A port reservation whose flow has seen no reply yet. */
 		if (!(flags & CT_F_REPLIED)) {
 			*err = FN(ct_promote_snat)(key, e, now);
@@ -1530,12 +1594,17 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	e = bpf_map_lookup_elem(FAM(ct_new), key);
 	if (!e || !ct_alive(READ_ONCE(e->expires), now))
 		return NULL;
-	/* A flow kept here while the table was full (ct_overflow). */
+	/* A flow kept here while the table was full (ct_overflow), or a
+	 * TCP flow answered and not yet assured (ct_answer).
+	 */
 	if (READ_ONCE(e->flags) & CT_F_REPLIED) {
 		FN(ct_touch)(key, e, now);
 		return e;
 	}
 promote:
+	/* A TCP flow: answered in place, to move at its assurance. */
+	if (p->proto == IPPROTO_TCP)
+		return FN(ct_answer)(FAM(ct_new), key, e, now) ? NULL : e;
 	*err = FN(ct_promote)(key, e, now);
 	if (*err == -ENOENT)
 		*err = 0;
@@ -1553,10 +1622,10 @@ promote:
 }
 
 /*
- * ct_check_reverse - before a packet of the live forward entry @fwd (under
- * @key) is sent, make sure the flow's reply entry is there and is this
- * flow's: refresh it, or re-create it if it was deleted (a flush) or has
- * lapsed.
+ * ct_check_reverse_as - before a packet of the live forward entry @fwd
+ * (under @key), whose flags its caller read as @flags, is sent, make sure
+ * the flow's reply entry is there and is this flow's: refresh it, or
+ * re-create it if it was deleted (a flush) or has lapsed.
  *
  * A reply tuple held by a dead entry another deleter claimed and has not
  * deleted yet is not deferred, unlike ct_promote's: the flow's replies
@@ -1574,13 +1643,19 @@ promote:
  * replies would go to that flow or nowhere; or another negative error if
  * the entry cannot be re-created (-E2BIG: the table is full).
  */
-static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
-						const FAM(ct_key_t) *key,
-						const FAM(ct_entry_t) *fwd,
-						__u64 now)
+static __always_inline int FN(ct_check_reverse_as)(const FAM(pkt_t) *p,
+						   const FAM(ct_key_t) *key,
+						   const FAM(ct_entry_t) *fwd,
+						   __u32 flags, __u64 now)
 {
-	__u32 flags = READ_ONCE(fwd->flags);
-	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT));
+	/* Answered but unassured is half-open here: its entries may be in
+	 * sluice_ct_new, whose LRU may evict the reply entry alone; it is
+	 * re-created there, beside the forward entry, and moves with it at
+	 * the assurance (ct_assure_new). Without a branch (in bit 0): one
+	 * less for the verifier to walk on every path.
+	 */
+	bool half_open = ~(flags / CT_F_SNAT) &
+			 (~(flags / CT_F_REPLIED) | ct_awaiting_bit(flags)) & 1;
 	FAM(ct_entry_t) e = {
 		.expires = now + ct_lifetime(p->proto, flags),
 		.nat_addr = key->daddr,
@@ -1658,6 +1733,31 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 	return err;
 }
 
+/* ct_check_reverse - ct_check_reverse_as by @fwd's flags now. */
+static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
+						const FAM(ct_key_t) *key,
+						const FAM(ct_entry_t) *fwd,
+						__u64 now)
+{
+	return FN(ct_check_reverse_as)(p, key, fwd, READ_ONCE(fwd->flags), now);
+}
+
+/*
+ * ct_check_reverse_snat - ct_check_reverse of a source-NATed flow's
+ * forward entry @fwd (XDP follows no other): CT_F_SNAT, set at the
+ * entry's creation and never taken off, is known to the compiler and the
+ * verifier, which then neither build nor explore the branches of the
+ * flows it does not follow (half-open, unassured, kept in sluice_ct_new).
+ */
+static __always_inline int FN(ct_check_reverse_snat)(const FAM(pkt_t) *p,
+						     const FAM(ct_key_t) *key,
+						     const FAM(ct_entry_t) *fwd,
+						     __u64 now)
+{
+	return FN(ct_check_reverse_as)(p, key, fwd,
+				       READ_ONCE(fwd->flags) | CT_F_SNAT, now);
+}
+
 /*
  * ct_check_reverse_due - ct_check_reverse for a packet of the live
  * forward entry @fwd (under @key), whose refresh by this packet stored
@@ -1673,17 +1773,126 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
  * its next packet checks. Deleted alone it is not: the GC keeps an entry
  * whose flow's other entry lives, and a flush, a deletion by sluicectl,
  * a superseding or reopening flow take both. A source-NATed flow
- * (its reply entry holds its port) and a half-open one (an LRU may evict
- * its reply entry alone) are checked on every packet, as is a dry run's.
+ * (its reply entry holds its port) and a half-open or answered but
+ * unassured one (an LRU may evict its reply entry alone) are checked on
+ * every packet, as is a dry run's.
  */
 static __always_inline int FN(ct_check_reverse_due)(const FAM(pkt_t) *p,
 						    const FAM(ct_key_t) *key,
 						    const FAM(ct_entry_t) *fwd,
 						    __u64 now, bool refreshed)
 {
+	__u32 flags = READ_ONCE(fwd->flags);
+
 	if (!refreshed && !explain_dry(p) &&
-	    (READ_ONCE(fwd->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
-		    CT_F_REPLIED)
+	    ((flags / CT_F_REPLIED) & ~(flags / CT_F_SNAT) &
+	     ~ct_awaiting_bit(flags) & 1))
 		return 0;
 	return FN(ct_check_reverse)(p, key, fwd, now);
 }
+
+/*
+ * ct_assure_due - whether @p, a packet of the flow whose live forward
+ * entry @fwd it found, assures that flow (ct_assure): a TCP client's
+ * packet with ACK and without SYN, FIN or RST (the handshake's ACK, or
+ * any later one) to a flow answered but not yet assured (ct_awaiting).
+ * A retransmitted SYN does not (netfilter keeps SYN_RECV), nor a RST, a
+ * FIN (FIN_WAIT there, not ESTABLISHED), a later fragment (no TCP
+ * header) or a dry run.
+ */
+static __always_inline bool FN(ct_assure_due)(const FAM(pkt_t) *p,
+					      const FAM(ct_entry_t) *fwd)
+{
+	return p->proto == IPPROTO_TCP && !p->frag_later && !explain_dry(p) &&
+	       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN |
+				TCP_FLAG_RST)) == TCP_FLAG_ACK &&
+	       ct_awaiting(READ_ONCE(fwd->flags));
+}
+
+#ifdef CT_EST_OVERFLOW
+/*
+ * ct_assure_new - ct_assure of a flow (not source-NATed) whose entries are
+ * in sluice_ct_new, its forward entry @fwd under @key: beyond the
+ * half-open share when it started, answered there (ct_answer). It
+ * moves to sluice_conntrack, established (ct_promote: the LRU-to-table
+ * move a UDP flow makes at its first reply), or stays in sluice_ct_new,
+ * established, if the table is full (ct_overflow). A flow whose move
+ * waits for a claimed key (CT_DEFERRED) is assured by its next packet; one
+ * that cannot move otherwise (its reply entry evicted since the packet's
+ * ct_check_reverse, which re-creates it in sluice_ct_new; a key held) is
+ * assured where it is, as an overflowed one. At tc only: XDP follows source-NATed flows only.
+ */
+static __always_inline void FN(ct_assure_new)(const FAM(ct_key_t) *key,
+					      FAM(ct_entry_t) *fwd, __u64 now)
+{
+	FAM(ct_entry_t) *pe;
+	FAM(ct_key_t) pkey;
+	int err = -ENOENT;
+
+	pe = FN(ct_peer)(key, fwd, now, &pkey);
+	if (pe && bpf_map_lookup_elem(FAM(ct_new), &pkey) == pe)
+		err = FN(ct_promote)(&pkey, pe, now);
+	if (err == 0 || err == CT_OVERFLOW || err == CT_DEFERRED)
+		return;
+	if (pe)
+		__sync_fetch_and_or(&pe->flags, CT_F_ASSURED);
+	__sync_fetch_and_or(&fwd->flags, CT_F_ASSURED);
+}
+#endif
+
+/*
+ * ct_assure - the client's ACK (ct_assure_due) after the answer of the
+ * TCP flow whose forward entry @fwd it found under @key: the flow is
+ * established (netfilter's IPS_ASSURED). It leaves the half-open count:
+ * by an atomic or of CT_F_COUNTED on the entry that holds its place (the
+ * forward entry in sluice_conntrack, or a source-NATed flow's port
+ * reservation), whoever sets it first taking it off (two ACKs racing,
+ * or a deleter claiming the entry: ct_uncount); then CT_F_ASSURED goes
+ * on both entries (after CT_F_COUNTED: ct_counts must never read an
+ * assured entry as counted) and their expiries move to the established
+ * lifetime (ct_refresh). A flow whose entries are in sluice_ct_new moves
+ * to sluice_conntrack (ct_assure_new).
+ * The other entry is found live (ct_peer) even if it had lapsed and was
+ * kept (the GC keeps a port reservation beside its live forward entry):
+ * every caller runs the packet's ct_check_reverse first, which revives
+ * it, or drops a source-NATed flow's packet when it cannot; so a kept
+ * reservation is taken off the count here as ct_uncount, which goes by
+ * the flags alone, would take it off when claimed.
+ * A global function with CT_ASSURE_GLOBAL defined (tc.c, xdp.c), which
+ * the verifier checks once, on its own, and whose frame is not added to
+ * every packet's path: it runs once a flow (its pointers may be NULL as
+ * far as the verifier knows). Returns 0.
+ */
+#ifdef CT_ASSURE_GLOBAL
+__noinline int FN(ct_assure)(const FAM(ct_key_t) *key, FAM(ct_entry_t) *fwd,
+			     __u64 now)
+{
+	FAM(ct_entry_t) *pe;
+	FAM(ct_key_t) pkey;
+
+	if (!key || !fwd)
+		return 0;
+	if (!(READ_ONCE(fwd->flags) & CT_F_SNAT) &&
+	    bpf_map_lookup_elem(FAM(ct_est), key) != fwd) {
+#ifdef CT_EST_OVERFLOW
+		FN(ct_assure_new)(key, fwd, now);
+#endif
+		return 0;
+	}
+	if (!(READ_ONCE(fwd->flags) & CT_F_SNAT) &&
+	    ct_counts(CT_FORWARD,
+		      __sync_fetch_and_or(&fwd->flags, CT_F_COUNTED)))
+		ct_admit_add(LB_FAMILY == 6, -1);
+	pe = FN(ct_peer)(key, fwd, now, &pkey);
+	if (pe) {
+		if (ct_counts(CT_REVERSE,
+			      __sync_fetch_and_or(&pe->flags, CT_F_COUNTED)))
+			ct_admit_add(LB_FAMILY == 6, -1);
+		__sync_fetch_and_or(&pe->flags, CT_F_ASSURED);
+		FN(ct_refresh)(pe, IPPROTO_TCP, now);
+	}
+	__sync_fetch_and_or(&fwd->flags, CT_F_ASSURED);
+	FN(ct_refresh)(fwd, IPPROTO_TCP, now);
+	return 0;
+}
+#endif

@@ -9,19 +9,17 @@
 /*
  * ct_gc_counted - whether the entry of sluice_conntrack under @key, with
  * @flags, holds a place in the family's half-open count: what ct_uncount
- * would take off, a half-open flow's forward entry (not source-NATed) or
- * a port reservation counted at its insert (CT_F_ADMITTED), neither
- * taken off yet (CT_F_COUNTED). The agent compares the entries a
- * collection leaves so with the count (GCConntrack), alive or kept for
- * a live peer alike: the count holds both until their claimer takes them
- * off.
+ * would take off (ct_counts), a half-open or answered-but-unassured
+ * flow's forward entry (not source-NATed) or a port reservation counted
+ * at its insert (CT_F_ADMITTED), neither taken off yet (CT_F_COUNTED).
+ * The agent compares the entries a collection leaves so with the count
+ * (GCConntrack), alive or kept for a live peer alike: the count holds
+ * both until their claimer takes them off.
  */
 static __always_inline bool FN(ct_gc_counted)(const FAM(ct_key_t) *key,
 					      __u32 flags)
 {
-	if (key->dir == CT_FORWARD)
-		return !(flags & (CT_F_COUNTED | CT_F_REPLIED | CT_F_SNAT));
-	return (flags & (CT_F_ADMITTED | CT_F_COUNTED)) == CT_F_ADMITTED;
+	return ct_counts(key->dir, flags);
 }
 
 static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,

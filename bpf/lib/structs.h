@@ -145,16 +145,18 @@ enum rev_nat_flags {
  * Two maps hold them (conntrack.h says how entries move between them):
  *
  * sluice_ct_new_v1 (LRU): struct ct4_key -> struct ct4_entry. Flows that
- * have seen no reply yet (half-open) beyond the share of sluice_conntrack
- * they may take (ct_half_open_max): a flood of them can only evict each
- * other.
+ * have seen no reply yet (half-open), or TCP flows no client ACK has
+ * assured yet, beyond the share of sluice_conntrack they may take
+ * (ct_half_open_max): a flood of them can only evict each other.
  *
  * sluice_conntrack_v2 (hash): struct ct4_key -> struct ct4_entry. Flows
  * that have seen a reply (established), up to ct_half_open_max half-open
- * ones (without CT_F_REPLIED), and the port reservations of source-NATed
- * flows (the unanswered ones within that share too). Nothing evicts them: entries leave when they have expired (the
- * agent's GC, sluice_ct_gc) or when the agent flushes a backend. When it
- * is full, new flows are refused.
+ * ones (without CT_F_REPLIED, or TCP ones answered but not yet assured:
+ * CT_F_AWAIT), and the port reservations of source-NATed flows (the
+ * unanswered or unassured ones within that share too). Nothing evicts
+ * them: entries leave when they have expired (the agent's GC,
+ * sluice_ct_gc) or when the agent flushes a backend. When it is full, new
+ * flows are refused.
  */
 struct ct4_key {
 	__be32 saddr; /* network order */
@@ -206,16 +208,20 @@ enum ct_flags {
 	 * of the backend.
 	 */
 	CT_F_RST_FWD = 0x08,
-	/* a reply seen: the flow is established */
+	/*
+	 * a reply seen: the flow is established (a TCP flow with CT_F_AWAIT
+	 * once assured: CT_F_ASSURED)
+	 */
 	CT_F_REPLIED = 0x10,
 	/*
 	 * a forward entry in sluice_conntrack whose flow no longer counts
 	 * against the half-open share (conntrack.h, ct_admit), or a port
-	 * reservation that no longer does (CT_F_ADMITTED): set, with
-	 * CT_F_REPLIED, by the promotion in place, by the deleter that
-	 * claims the entry of a flow that ends half-open, or at the insert
-	 * of an entry that was never counted; whoever sets it first takes
-	 * the flow off the count
+	 * reservation that no longer does (CT_F_ADMITTED): set by the
+	 * assurance of a TCP flow (ct_assure, before CT_F_ASSURED), by the
+	 * promotion in place of a UDP flow (with CT_F_REPLIED), by the
+	 * deleter that claims the entry of a flow that ends half-open or
+	 * unassured, or at the insert of an entry that was never counted;
+	 * whoever sets it first takes the flow off the count
 	 */
 	CT_F_COUNTED = 0x20,
 	/* TCP RST seen from the backend (CT_F_RST_FWD's twin) */
@@ -234,12 +240,30 @@ enum ct_flags {
 	 * a source-NATed flow's port reservation (its reply entry in
 	 * sluice_conntrack) counted against the half-open share at its
 	 * insert (ct_create_snat), until CT_F_COUNTED is set on it: by its
-	 * promotion (with CT_F_REPLIED, ct_promote_snat) or by the deleter
-	 * that claims it unanswered; whoever sets CT_F_COUNTED first takes
+	 * flow's assurance (TCP, ct_assure) or promotion (UDP, with
+	 * CT_F_REPLIED, ct_promote_snat) or by the deleter that claims it
+	 * unanswered or unassured; whoever sets CT_F_COUNTED first takes
 	 * it off the count. A reservation without it (an earlier release's,
 	 * or one ct_check_reverse re-created) was never counted
 	 */
 	CT_F_ADMITTED = 0x200,
+	/*
+	 * a TCP flow answered (set with CT_F_REPLIED, in one atomic or, by
+	 * the first reply) whose client has not acknowledged the answer yet:
+	 * netfilter's SYN_RECV, not IPS_ASSURED. It lives ct_timeout_syn_ns
+	 * idle and stays counted in the half-open share (its forward entry
+	 * in sluice_conntrack, or its port reservation) until CT_F_ASSURED
+	 * is set (ct_assure, conntrack.h). An entry of an earlier release,
+	 * which has CT_F_REPLIED without it, is established (assured).
+	 */
+	CT_F_AWAIT = 0x400,
+	/*
+	 * the client's ACK after the answer seen (ct_assure): the flow of
+	 * a CT_F_AWAIT entry is established. Set only, never taken back:
+	 * a second promotion racing the first (a retransmitted SYN-ACK)
+	 * may set CT_F_AWAIT again, which this bit outweighs
+	 */
+	CT_F_ASSURED = 0x800,
 };
 
 /*

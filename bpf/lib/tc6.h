@@ -641,6 +641,25 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 }
 
 /*
+ * lb6_assure - ct_assure6 of the flow of @p, which lb6_follow followed by
+ * its forward entry @fwd: called from lb6_dnat, after lb6_follow, whose
+ * frame with ct_assure6's on top is more than the stack has; the key
+ * lives in this frame. ct_assure6 refreshes @fwd again, by its
+ * established lifetime.
+ */
+static __noinline int lb6_assure(const struct pkt6 *p, struct ct6_entry *fwd,
+				 __u64 now)
+{
+	struct ct6_key key = {};
+
+	if (!p || !fwd)
+		return 0;
+	ct_key_of6(&key, p, CT_FORWARD);
+	ct_assure6(&key, fwd, now);
+	return 0;
+}
+
+/*
  * lb6_has_flow - the usable forward entry (ct_fwd_usable6) of @p, a
  * packet to a frontend, which lb6_follow then follows, with @x->gone set
  * if its backend has left; else NULL, with @x->fresh set if there is no
@@ -708,6 +727,9 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	 * keeps its established flows, as kube-proxy does.
 	 */
 	ret = flow ? lb6_follow(p, svc, now, x, fwd) : 2;
+	/* The client's ACK after the answer: assured (conntrack.h). */
+	if (ret == 0 && ct_assure_due6(p, fwd))
+		lb6_assure(p, fwd, now);
 	if (ret == 2 && p->frag_later) {
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).

@@ -256,6 +256,9 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	 */
 	if (FAM(xdp_check_reverse)(p, &key, fwd, now) < 0)
 		return XDP_PASS;
+	/* The client's ACK after the answer: assured (conntrack.h). */
+	if (FN(ct_assure_due)(p, fwd))
+		FN(ct_assure)(&key, fwd, now);
 	FN(ct_refresh)(fwd, p->proto, now);
 	FN(ct_track_tcp)(p, &key, fwd, now);
 	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);

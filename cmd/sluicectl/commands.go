@@ -309,7 +309,7 @@ func backendRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend
 
 // ConntrackRow is one line of `conntrack`.
 type ConntrackRow struct {
-	State     string   `json:"state"`     // established, new (not answered yet: in sluice_conntrack's half-open share or in sluice_ct_new), or overflow (answered while the established table was full: kept in sluice_ct_new)
+	State     string   `json:"state"`     // established, new (not answered yet: in sluice_conntrack's half-open share or in sluice_ct_new), unassured (TCP answered, the client's ACK not seen yet: netfilter's SYN_RECV, in either table), or overflow (answered while the established table was full: kept in sluice_ct_new)
 	Direction string   `json:"direction"` // forward (the client's tuple) or reverse (the reply's)
 	Proto     string   `json:"proto"`
 	Src       string   `json:"src"`
@@ -561,6 +561,8 @@ func conntrackRows(sel []datapath.ConntrackEntry, ks *reconciler.KernelState, na
 			r.Flags = []string{}
 		}
 		switch {
+		case e.Unassured:
+			r.State = "unassured"
 		case e.Established:
 			r.State = "established"
 		case slices.Contains(e.Flags, "replied"):

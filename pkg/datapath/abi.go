@@ -35,6 +35,11 @@ const (
 	// ctFlagAdmitted marks a port reservation counted in the half-open
 	// share until ctFlagCounted is set on it (conntrack.h).
 	ctFlagAdmitted = uint32(sockCtFlagsCT_F_ADMITTED)
+	// ctFlagAwait marks a TCP flow answered but not assured yet (its
+	// client's ACK not seen), ctFlagAssured one assured since
+	// (conntrack.h, ct_awaiting).
+	ctFlagAwait   = uint32(sockCtFlagsCT_F_AWAIT)
+	ctFlagAssured = uint32(sockCtFlagsCT_F_ASSURED)
 	// ctFlagRST is a RST either way (conntrack.h, CT_F_RST_ANY).
 	ctFlagRST = ctFlagRSTFwd | ctFlagRSTRev
 	// ctFlagChal is a challenged RST either way (CT_F_CHAL_ANY).

@@ -34,9 +34,9 @@ type ConntrackStats struct {
 	Pending int // of them, port reservations and entries of flows not answered yet
 	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
 
-	// HalfOpen is how many flows not answered yet the collection found
-	// in sluice_conntrack (both families; a source-NATed flow by its
-	// port reservation), HalfOpenCounted what the
+	// HalfOpen is how many flows not answered yet (TCP: not assured
+	// yet) the collection found in sluice_conntrack (both families; a
+	// source-NATed flow by its port reservation), HalfOpenCounted what the
 	// programs' count of them says after it (bpf/lib/conntrack.h,
 	// ct_admit_add); new flows go there while the count is below
 	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
@@ -463,10 +463,16 @@ func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 		return t.close
 	case flags&ctFlagChal != 0:
 		return t.syn
-	case flags&ctFlagReplied != 0:
+	case flags&ctFlagReplied != 0 && !ctAwaiting(flags):
 		return t.tcp
 	}
 	return t.syn
+}
+
+// ctAwaiting is conntrack.h's ct_awaiting: a TCP flow answered whose
+// client has not acknowledged the answer yet (netfilter's SYN_RECV).
+func ctAwaiting(flags uint32) bool {
+	return flags&(ctFlagAwait|ctFlagAssured) == ctFlagAwait
 }
 
 // ctSNATHeld is conntrack.h's ct_snat_held: a closed flow so flagged holds
@@ -665,16 +671,20 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 // tables, the conntrack tables of e's family (est: which are
 // sluice_conntrack), whose keys key builds.
 //
-// A half-open flow's forward entry in sluice_conntrack counts against
-// the table's half-open share (bpf/lib/conntrack.h), as does an
-// unanswered port reservation (its reply entry, CT_F_ADMITTED), and only
-// the programs can take it off the count (an atomic or of CT_F_COUNTED
-// and an atomic add): it is not deleted but lapsed (its expiry put in
-// the past), which makes it absent to the datapath at once, and the GC's
-// claim deletes it and takes it off. A reply that promotes the flow
-// between the lookup here and the lapse, a microsecond apart, has its
-// flags overwritten and the flow is taken off twice (the share admits
-// one flow more, until two collections resync the count: GCConntrack).
+// The forward entry in sluice_conntrack of a flow half-open, or of a TCP
+// flow answered and not assured yet, counts against the table's
+// half-open share (bpf/lib/conntrack.h, ct_counts; counted here), as
+// does a port reservation not yet taken off (its reply entry,
+// CT_F_ADMITTED: until the first reply, a TCP flow's until its client's
+// ACK after it), and only the programs can take it off the count (an
+// atomic or of CT_F_COUNTED and an atomic add): it is not deleted but
+// lapsed (its expiry put in the past), which makes it absent to the
+// datapath at once, and the GC's claim deletes it and takes it off. A
+// packet that takes the flow off (a UDP reply promoting it, a TCP
+// client's ACK assuring it) between the lookup here and the lapse, a
+// microsecond apart, has its flags overwritten and the flow is taken off
+// twice (the share admits one flow more, until two collections resync
+// the count: GCConntrack).
 func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {
@@ -761,12 +771,12 @@ func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K,
 }
 
 // counted reports whether an entry of sluice_conntrack in direction dir
-// with flags holds a place in the half-open count (bpf/lib/conntrack_fam.h,
-// ct_uncount): a half-open flow's forward entry, or a port reservation
-// counted and not taken off yet.
+// with flags holds a place in the half-open count (bpf/lib/conntrack.h,
+// ct_counts): a half-open or unassured flow's forward entry, or a port
+// reservation counted and not taken off yet.
 func counted(dir uint8, flags uint32) bool {
 	if dir == ctForward {
-		return flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0
+		return flags&(ctFlagCounted|ctFlagSNAT) == 0 && (flags&ctFlagReplied == 0 || ctAwaiting(flags))
 	}
 	return flags&(ctFlagAdmitted|ctFlagCounted) == ctFlagAdmitted
 }

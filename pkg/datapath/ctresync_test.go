@@ -166,14 +166,43 @@ func TestCTResyncUndercount(t *testing.T) {
 // over several collections, with half-open flows of every kind the count
 // holds there: port reservations, one of them expired but kept for its
 // flow's live forward entry (the count holds it until the GC reaps it),
-// and a destination-NATed flow's forward entry.
+// and a destination-NATed flow's forward entry; and TCP flows answered
+// but not assured yet (conntrack.h, ct_counts), which the count holds
+// until their client's ACK: a destination-NATed one, one whose forward
+// entry expired but is kept for its live reply entry, and a
+// source-NATed one by its reservation. With the GC's rule before the
+// assured stage (a forward entry with CT_F_REPLIED not counted) the pass
+// missed the two destination-NATed ones and corrected the count by -2.
 func TestCTResyncNoDrift(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		oneCPU(t)
 		d, ifindex, np, local, be := committed(t, v6)
 		m, ing := d.Maps(), d.TCIngress()
 		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
-		const open = 3
+		const open, unassured = 3, 3
+		client := ofFamily(np.Addr, nsClientIP, nsClientIP6).String()
+
+		if v, _ := runOn(t, ing, ifindex, clientSYN(43001, local).Bytes()); v != tcActOK {
+			t.Fatalf("destination-NATed SYN: verdict %d, want %d", v, tcActOK)
+		}
+		// Answered, not assured: SYN and SYN-ACK, no ACK.
+		answer := func(sport uint16, fe model.L4Addr, dport uint16, dst string) {
+			t.Helper()
+			syn := clientSYN(sport, fe)
+			if v, _ := runOn(t, ing, ifindex, syn.Bytes()); v != tcActOK && v != tcActRedirect {
+				t.Fatalf("SYN from %d: verdict %d", sport, v)
+			}
+			sa := replyFrom(be, dport, tcpSA)
+			sa.Dst = addr(dst)
+			if v, _ := runOn(t, ing, ifindex, sa.Bytes()); v != tcActOK && v != tcActRedirect {
+				t.Fatalf("SYN-ACK to %d: verdict %d", sport, v)
+			}
+			wantFlags(t, m, ctKeyOf(client, sport, fe.Addr.String(), fe.Port, model.TCP, ctForward), awaitBits, ctFlagReplied|ctFlagAwait, "after the SYN-ACK")
+		}
+		answer(43002, local, 43002, client)
+		answer(43003, local, 43003, client)
+		// Its forward entry expired, kept for its live reply entry.
+		ctSetSeen(t, m, ctKeyOf(client, 43003, local.Addr.String(), local.Port, model.TCP, ctForward), -2*time.Hour)
 
 		for i := range open {
 			syn := spoofedSYN(v6, i, np)
@@ -185,17 +214,29 @@ func TestCTResyncNoDrift(t *testing.T) {
 				ctSetSeen(t, m, ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, p, model.TCP, ctReverse), -2*time.Hour)
 			}
 		}
-		if v, _ := runOn(t, ing, ifindex, clientSYN(43001, local).Bytes()); v != tcActOK {
-			t.Fatalf("destination-NATed SYN: verdict %d, want %d", v, tcActOK)
+		var sp uint16
+		{
+			syn := clientSYN(43004, np)
+			if v, _ := runOn(t, ing, ifindex, syn.Bytes()); v != tcActRedirect {
+				t.Fatalf("source-NATed SYN: verdict %d, want %d", v, tcActRedirect)
+			}
+			p := snatPortIn(t, d, client, 43004, np)
+			sp = p
+			if v, out := runOn(t, ing, ifindex, replyFrom(be, p, tcpSA).Bytes()); v != tcActRedirect || outDst(out) != client {
+				t.Fatalf("source-NATed SYN-ACK: verdict %d to %s, want %d to %s", v, outDst(out), tcActRedirect, client)
+			}
+			wantFlags(t, m, ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, p, model.TCP, ctReverse), awaitBits, ctFlagReplied|ctFlagAwait, "after the source-NATed SYN-ACK")
 		}
-		wantCounted(t, m, v6, open+1, "after the flows opened")
+		const all = open + 1 + unassured
+		wantCounted(t, m, v6, all, "after the flows opened")
 
 		for i := range 4 {
 			st := collect(t, m)
-			if st.HalfOpen != open+1 || st.HalfOpenCounted != open+1 || st.HalfOpenResynced != [2]int64{} {
-				t.Errorf("collection %d: found %d, counted %d, resynced %v; want %d, %d, none", i, st.HalfOpen, st.HalfOpenCounted, st.HalfOpenResynced, open+1, open+1)
+			if st.HalfOpen != all || st.HalfOpenCounted != all || st.HalfOpenResynced != [2]int64{} {
+				t.Errorf("collection %d: found %d, counted %d, resynced %v; want %d, %d, none", i, st.HalfOpen, st.HalfOpenCounted, st.HalfOpenResynced, all, all)
 			}
 		}
-		wantCounted(t, m, v6, open+1, "after the collections")
+		wantCounted(t, m, v6, all, "after the collections")
+		wantFlags(t, m, ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, sp, model.TCP, ctReverse), awaitBits, ctFlagReplied|ctFlagAwait, "after the collections")
 	})
 }

@@ -107,9 +107,10 @@ type Config struct {
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
 	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
-	// TCP flow lives before its first reply (default 60s, as Cilium's SYN
-	// timeout), CTTimeoutClose after a RST or a FIN each way (default
-	// 10s).
+	// TCP flow lives before its first reply, and after it until its
+	// client's ACK assures it (default 60s, as Cilium's SYN timeout;
+	// netfilter's SYN_RECV), CTTimeoutClose after a RST or a FIN each way
+	// (default 10s).
 	CTTimeoutTCP, CTTimeoutSYN, CTTimeoutUDP, CTTimeoutClose time.Duration
 
 	// CTTimeoutSNATTimeWait is how long a closed source-NATed TCP flow's

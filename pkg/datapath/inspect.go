@@ -49,8 +49,13 @@ type ConntrackEntry struct {
 	// not half-open: flows that have seen a reply, SNAT port
 	// reservations. It is false for sluice_ct_new and for the half-open
 	// flows (not answered yet) sluice_conntrack holds within its
-	// half-open share (bpf/lib/conntrack.h).
+	// half-open share (bpf/lib/conntrack.h), and for Unassured ones.
 	Established bool
+	// Unassured is true for the entries of a TCP flow answered whose
+	// client has not acknowledged the answer yet (netfilter's SYN_RECV):
+	// counted in the half-open share, living the SYN timeout idle, in
+	// either table (conntrack.h, ct_assure).
+	Unassured bool
 	// Reverse says the key is a reply's tuple (the backend's side), not
 	// the client's.
 	Reverse  bool
@@ -178,7 +183,8 @@ func conntrackEntry[K ctKey, V ctValue](established bool, k K, v V, now uint64) 
 	src, dst, proto, dir := k.tuple()
 	w := v.view()
 	e := ConntrackEntry{
-		Established: established && w.flags&(ctFlagReplied|ctFlagSNAT) != 0,
+		Established: established && w.flags&(ctFlagReplied|ctFlagSNAT) != 0 && !ctAwaiting(w.flags),
+		Unassured:   ctAwaiting(w.flags),
 		Reverse:     dir == ctReverse,
 		Proto:       model.Protocol(proto),
 		Src:         src,
@@ -195,7 +201,7 @@ func conntrackEntry[K ctKey, V ctValue](established bool, k K, v V, now uint64) 
 	for _, f := range []struct {
 		bit  uint32
 		name string
-	}{{ctFlagSNAT, "snat"}, {ctFlagReplied, "replied"}, {ctFlagFinFwd, "fin-client"}, {ctFlagFinRev, "fin-backend"}, {ctFlagRSTFwd, "rst-client"}, {ctFlagRSTRev, "rst-backend"}, {ctFlagChalFwd, "rst-client-challenged"}, {ctFlagChalRev, "rst-backend-challenged"}} {
+	}{{ctFlagSNAT, "snat"}, {ctFlagReplied, "replied"}, {ctFlagAssured, "assured"}, {ctFlagFinFwd, "fin-client"}, {ctFlagFinRev, "fin-backend"}, {ctFlagRSTFwd, "rst-client"}, {ctFlagRSTRev, "rst-backend"}, {ctFlagChalFwd, "rst-client-challenged"}, {ctFlagChalRev, "rst-backend-challenged"}} {
 		if w.flags&f.bit != 0 {
 			e.Flags = append(e.Flags, f.name)
 		}

@@ -71,7 +71,8 @@ func TestSNATShareBounded(t *testing.T) {
 		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
 
 		// An established source-NATed flow: counted from its SYN, taken
-		// off by its SYN-ACK.
+		// off by its client's ACK after the SYN-ACK (conntrack.h,
+		// ct_assure).
 		syn := clientSYN(43000, np)
 		client := syn.Src.String()
 		if v, _ := runOn(t, ing, ifindex, syn.Bytes()); v != tcActRedirect {
@@ -82,7 +83,13 @@ func TestSNATShareBounded(t *testing.T) {
 		if v, out := runOn(t, ing, ifindex, replyFrom(be, sp, tcpSA).Bytes()); v != tcActRedirect || outDst(out) != client {
 			t.Fatalf("SYN-ACK: verdict %d to %s, want %d to %s", v, outDst(out), tcActRedirect, client)
 		}
-		wantCounted(t, m, v6, 0, "after its SYN-ACK")
+		wantCounted(t, m, v6, 1, "after its SYN-ACK")
+		synACK := syn
+		synACK.TCPFlags = tcpACK
+		if v, _ := runOn(t, ing, ifindex, synACK.Bytes()); v != tcActRedirect {
+			t.Fatalf("ACK: verdict %d, want %d", v, tcActRedirect)
+		}
+		wantCounted(t, m, v6, 0, "after its ACK")
 
 		// The flood.
 		var admitted []int
@@ -183,14 +190,23 @@ func TestSNATShareCountedOnce(t *testing.T) {
 			}
 		}
 
-		// Answered: taken off by the first SYN-ACK only.
+		// Answered and assured: taken off by the client's first ACK
+		// after the SYN-ACK only (conntrack.h, ct_assure).
 		sp, rev := open(43000)
 		wantCounted(t, m, v6, 1, "opened")
 		for range 2 {
 			if v, _ := runOn(t, ing, ifindex, replyFrom(be, sp, tcpSA).Bytes()); v != tcActRedirect {
 				t.Fatalf("SYN-ACK: verdict %d, want %d", v, tcActRedirect)
 			}
-			wantCounted(t, m, v6, 0, "after a SYN-ACK")
+			wantCounted(t, m, v6, 1, "after a SYN-ACK")
+		}
+		ack := clientSYN(43000, np)
+		ack.TCPFlags = tcpACK
+		for range 2 {
+			if v, _ := runOn(t, ing, ifindex, ack.Bytes()); v != tcActRedirect {
+				t.Fatalf("ACK: verdict %d, want %d", v, tcActRedirect)
+			}
+			wantCounted(t, m, v6, 0, "after an ACK")
 		}
 		if e, ok := ctLookup(t, m, rev); !ok || e.flags&(ctFlagReplied|ctFlagCounted|ctFlagAdmitted) != ctFlagReplied|ctFlagCounted|ctFlagAdmitted {
 			t.Errorf("answered reservation %+v (found %v), want it replied, admitted and counted", e, ok)

@@ -139,6 +139,8 @@ const (
 	sockCtFlagsCT_F_CHAL_FWD sockCtFlags = 128
 	sockCtFlagsCT_F_CHAL_REV sockCtFlags = 256
 	sockCtFlagsCT_F_ADMITTED sockCtFlags = 512
+	sockCtFlagsCT_F_AWAIT    sockCtFlags = 1024
+	sockCtFlagsCT_F_ASSURED  sockCtFlags = 2048
 )
 
 type sockCtGcArgs struct {

@@ -224,7 +224,7 @@ func mapLen(t *testing.T, m *ebpf.Map) int {
 }
 
 // TestTC6Conntrack: an IPv6 flow keeps its backend (conntrack), its first
-// reply makes it established, a Service emptied of endpoints keeps it
+// reply and its client's ACK after it make it established, a Service emptied of endpoints keeps it
 // while refusing new flows with ICMPv6, a flush of its backend forgets it,
 // and the GC deletes expired IPv6 entries and keeps live ones.
 func TestTC6Conntrack(t *testing.T) {
@@ -263,12 +263,18 @@ func TestTC6Conntrack(t *testing.T) {
 		t.Errorf("%d half-open IPv6 entries, want 32 (a forward and a reply entry per flow)", n)
 	}
 
-	// The first flow's reply makes it established.
+	// The first flow's reply, then its client's ACK, make it
+	// established: answered, a TCP flow stays in sluice_ct_new until
+	// its client's ACK assures it (bpf/lib/conntrack.h, ct_assure).
 	first := uint16(41000)
 	be := flowBackend[first]
 	reply := tcpPacket(be.String(), 8080, client6, first, packet.SYN|packet.ACK, nil)
 	if v, out := runProg(t, d.TCEgress(), ether(reply)); v != tcActOK || !bytes.Equal(out[:len(ether(reply))], ether(reply.With(func(p *packet.Packet) { p.Src, p.SrcPort = vip.Addr, 80 }))) {
 		t.Fatalf("reply not translated back (verdict %d)", v)
+	}
+	handshake := tcpPacket(client6, first, "2001:db8:96::20", 80, packet.ACK, nil)
+	if v, _ := runProg(t, d.TCIngress(), ether(handshake)); v != tcActOK {
+		t.Fatalf("the client's ACK: verdict %d", v)
 	}
 	if n := count6(t, d.tc.Sluice6ConntrackV1); n != 2 {
 		t.Errorf("%d established IPv6 entries, want 2", n)

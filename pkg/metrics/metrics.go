@@ -219,7 +219,7 @@ func New() *Metrics {
 		ConntrackGCDeleted: counter("conntrack_gc_deleted_entries_total",
 			"Expired per-packet conntrack entries the garbage collection deleted."),
 		ConntrackHalfOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "conntrack_half_open_flows",
-			Help: "Flows not answered yet in the established per-packet conntrack table (its half-open share, both families) at the last garbage collection: found by its pass, or counted by the programs, whose count bounds the share."},
+			Help: "Flows not answered yet (TCP: not assured yet, their client's ACK after the reply not seen) in the established per-packet conntrack table (its half-open share, both families; a source-NATed flow by its port reservation) at the last garbage collection: found by its pass, or counted by the programs, whose count bounds the share."},
 			[]string{"source"}),
 		ConntrackHalfOpenResyncs: counter("conntrack_half_open_resyncs_total",
 			"Corrections of the programs' count of half-open flows (either family) by the garbage collection: a difference from the flows its pass found that lasted two collections."),
