@@ -501,7 +501,8 @@ func TestCTAssuredTakeOverCountedOnce(t *testing.T) {
 // with CT_F_COUNTED, taken off by the old programs' answer, or without,
 // from before the share) was never counted, or taken off already: its
 // client's ACK takes nothing off the count and leaves it the established
-// timeout, the GC finds no half-open flow and corrects nothing.
+// timeout (as a SYN-ACK sent again does before it), the GC finds no
+// half-open flow and corrects nothing.
 // Destination-NATed (its forward entry) through tc; source-NATed (its
 // reservation, CT_F_ADMITTED and CT_F_COUNTED as the old answer left it)
 // through tc and XDP.
@@ -521,16 +522,27 @@ func TestCTAssuredPreviousRelease(t *testing.T) {
 				addCounted(t, m, v6, -1) // never counted, or taken off
 				wantCounted(t, m, v6, 0, "the previous release's answered flow")
 				wantGCFinds(t, m, 0, "the previous release's answered flow")
+				// Established: a SYN-ACK sent again (translated) moves
+				// both entries to the established timeout.
+				t0 := clock(t)
+				if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+					t.Fatalf("SYN-ACK again: verdict %d from %s", v, outSrc(out))
+				}
+				t1 := clock(t)
+				for _, k := range keys {
+					wantExpiry(t, m, k, t0, t1, cfg.CTTimeoutTCP, "the old flow after a SYN-ACK again")
+				}
+				wantCounted(t, m, v6, 0, "after the old flow's SYN-ACK again")
 
 				for i := range 2 {
-					t0 := clock(t)
 					if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
 						t.Fatalf("ACK %d: verdict %d to %s", i, v, dst)
 					}
+					t2 := clock(t)
 					wantCounted(t, m, v6, 0, "after the old flow's ACK")
 					wantFlags(t, m, f.fwdKey(), ctFlagAwait|ctFlagReplied, ctFlagReplied, "after the old flow's ACK")
-					if e, ok := ctLookup(t, m, f.fwdKey()); !ok || e.expires < t0+uint64(cfg.CTTimeoutTCP-time.Minute) {
-						t.Errorf("after the old flow's ACK: forward entry %+v (found %v), want it established (%v)", e, ok, cfg.CTTimeoutTCP)
+					for _, k := range keys {
+						wantExpiry(t, m, k, t0, t2, cfg.CTTimeoutTCP, "after the old flow's ACK")
 					}
 				}
 				if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
@@ -553,6 +565,15 @@ func TestCTAssuredPreviousRelease(t *testing.T) {
 				ctSetFlags(t, m, keys[1], func(fs uint32) uint32 { return fs | ctFlagCounted })
 				addCounted(t, m, v6, -1)
 				wantGCFinds(t, m, 0, "the previous release's answered flow")
+				cfg := m.cfg.withDefaults()
+				t0 := clock(t)
+				if dst := send(replyFrom(be, sp, tcpSA).Bytes(), "SYN-ACK again"); dst != clientSYN(43000, np).Src.String() {
+					t.Fatalf("SYN-ACK again: sent to %s", dst)
+				}
+				t1 := clock(t)
+				for _, k := range keys {
+					wantExpiry(t, m, k, t0, t1, cfg.CTTimeoutTCP, "the old flow after a SYN-ACK again")
+				}
 				ack := clientSYN(43000, np)
 				ack.TCPFlags = tcpACK
 				for range 2 {
