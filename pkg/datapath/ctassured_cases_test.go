@@ -340,9 +340,10 @@ func TestCTAssuredFINOrRSTOnly(t *testing.T) {
 // (the agent's, by backend), a deletion (sluicectl's DeleteConntrack,
 // which lapses the forward entry for the GC's claim), a new flow on its
 // tuple superseding it (the client's SYN after its RST, and a SYN after
-// its backend left). Destination-NATed, through tc; and source-NATed, by
-// the flush (through tc and XDP). A later flush or collection takes
-// nothing more off. (The TIME_WAIT take-over:
+// its backend left). Destination-NATed, through tc; and source-NATed
+// (its port reservation: flushed, deleted, superseded after a RST),
+// through tc and XDP. A later flush or collection takes nothing more
+// off. (The TIME_WAIT take-over:
 // TestCTAssuredTakeOverCountedOnce.)
 func TestCTAssuredEndsCountedOnce(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
@@ -426,27 +427,117 @@ func TestCTAssuredEndsCountedOnce(t *testing.T) {
 			wantGCFinds(t, m, 1, "after the new flow superseded the old")
 		})
 		for _, xdp := range []bool{false, true} {
-			t.Run(map[bool]string{false: "snat-tc", true: "snat-xdp"}[xdp], func(t *testing.T) {
-				oneCPU(t)
-				d, send, _, be, sp, keys := snatAssuredNode(t, v6, xdp)
-				m := d.Maps()
-				send(replyFrom(be, sp, tcpSA).Bytes(), "SYN-ACK")
-				wantCounted(t, m, v6, 1, "answered")
-				for range 2 {
-					if err := m.FlushConntrack([]model.L4Addr{be.addr}); err != nil {
-						t.Fatal(err)
-					}
-					wantCounted(t, m, v6, 0, "after the flush")
-				}
-				for _, k := range keys {
-					if _, ok := ctLookup(t, m, k); ok {
-						t.Errorf("%s left by the flush", k)
-					}
-				}
-				wantGCFinds(t, m, 0, "after the flush")
-			})
+			t.Run(map[bool]string{false: "snat-tc", true: "snat-xdp"}[xdp], func(t *testing.T) { endsSNAT(t, v6, xdp) })
 		}
 	})
+}
+
+// endsSNAT is TestCTAssuredEndsCountedOnce's source-NATed case: the
+// unassured flow's port reservation taken off once by a flush, a
+// deletion (lapsed, then the GC's), and a new flow superseding it (the
+// client's RST, then its SYN from the same port), through XDP (with xdp;
+// what XDP leaves to tc, tc's) or tc.
+func endsSNAT(t *testing.T, v6, xdp bool) {
+	oneCPU(t)
+	var bpffs string
+	base := smallConfig
+	if xdp {
+		base = xdpConfig
+	}
+	d, ifindex, np, _, be := snatShareNode(t, v6, func(p string) Config { bpffs = p; return base(p) })
+	m := d.Maps()
+	node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+	send := func(p packet.Packet, what string) string {
+		t.Helper()
+		if xdp {
+			v, out := runXDP(t, d.XDP(), ifindex, p.Bytes())
+			if v == xdpTx {
+				return outDst(out)
+			}
+			if v != xdpPass {
+				t.Fatalf("%s: XDP verdict %d", what, v)
+			}
+		}
+		v, out := runOn(t, d.TCIngress(), ifindex, p.Bytes())
+		if v != tcActRedirect {
+			t.Fatalf("%s: verdict %d, want %d", what, v, tcActRedirect)
+		}
+		return outDst(out)
+	}
+	// open answers a flow from port 43000: its keys (the forward
+	// entry's, the port reservation's).
+	open := func() []ctK {
+		t.Helper()
+		syn := clientSYN(43000, np)
+		send(syn, "SYN")
+		sp := snatPortIn(t, d, syn.Src.String(), 43000, np)
+		if dst := send(replyFrom(be, sp, tcpSA), "SYN-ACK"); dst != syn.Src.String() {
+			t.Fatalf("SYN-ACK: sent to %s, want %s", dst, syn.Src)
+		}
+		return []ctK{ctKeyOf(syn.Src.String(), 43000, np.Addr.String(), np.Port, model.TCP, ctForward),
+			ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, sp, model.TCP, ctReverse)}
+	}
+	gone := func(keys []ctK, what string) {
+		t.Helper()
+		for _, k := range keys {
+			if _, ok := ctLookup(t, m, k); ok {
+				t.Errorf("%s: %s left", what, k)
+			}
+		}
+	}
+	flush := func(what string) {
+		t.Helper()
+		if err := m.FlushConntrack([]model.L4Addr{be.addr}); err != nil {
+			t.Fatal(err)
+		}
+		wantCounted(t, m, v6, 0, what)
+	}
+
+	// Flushed.
+	keys := open()
+	wantCounted(t, m, v6, 1, "answered")
+	flush("after the flush")
+	gone(keys, "after the flush")
+	flush("after a second flush")
+	wantGCFinds(t, m, 0, "after the flush")
+
+	// Deleted by sluicectl, by its reservation: lapsed, reaped by the GC.
+	keys = open()
+	wantCounted(t, m, v6, 1, "answered")
+	p, es := pinnedEntries(t, bpffs)
+	var sel []ConntrackEntry
+	for _, e := range es {
+		if e.Reverse && e.Dst.Port() == keys[1].dst.Port() {
+			sel = append(sel, e)
+		}
+	}
+	if len(sel) != 1 || !sel[0].Unassured {
+		t.Fatalf("entries listed for the reservation: %+v, want its unassured reply entry", sel)
+	}
+	if n, err := p.DeleteConntrack(sel); err != nil || n != 2 {
+		t.Fatalf("DeleteConntrack: %d (%v), want 2", n, err)
+	}
+	wantCounted(t, m, v6, 1, "deleted (the GC's to take off)")
+	wantGCFinds(t, m, 0, "after the deletion")
+	wantCounted(t, m, v6, 0, "after the GC reaped the deleted flow")
+	gone(keys, "after the deletion and the GC")
+	wantGCFinds(t, m, 0, "again")
+
+	// Superseded: the client's RST, then its SYN from the same port;
+	// the new flow's reservation counted instead.
+	keys = open()
+	rst := clientSYN(43000, np)
+	rst.TCPFlags = tcpRST
+	send(rst, "RST")
+	wantCounted(t, m, v6, 1, "after the RST")
+	keys2 := open()
+	if keys2[1] != keys[1] {
+		gone(keys[1:], "after the new flow superseded the reset one")
+	}
+	wantFlags(t, m, keys2[1], awaitBits|ctFlagRST|ctFlagCounted, ctFlagReplied|ctFlagAwait, "the new flow's reservation")
+	wantCounted(t, m, v6, 1, "after the new flow superseded the reset one")
+	wantGCFinds(t, m, 1, "after the new flow superseded the reset one")
+	flush("after the new flow's flush")
 }
 
 // TestCTAssuredTakeOverCountedOnce: a source-NATed flow answered and never
