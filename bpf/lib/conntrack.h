@@ -310,8 +310,9 @@ static __always_inline __u32 ct_tcp_settled(__u32 flags)
 
 /*
  * ct_lifetime - how long an entry of @proto with @flags lives idle: a TCP
- * flow the established timeout once answered and assured (ct_assure),
- * ct_timeout_syn_ns before.
+ * flow the established timeout once answered and assured (ct_assure) and
+ * not challenged, ct_timeout_syn_ns before or while challenged
+ * (ct_tcp_settled).
  */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 {

@@ -1820,7 +1820,8 @@ static __always_inline bool FN(ct_assure_due)(const FAM(pkt_t) *p,
  * waits for a claimed key (CT_DEFERRED) is assured by its next packet; one
  * that cannot move otherwise (its reply entry evicted since the packet's
  * ct_check_reverse, which re-creates it in sluice_ct_new; a key held) is
- * assured where it is, as an overflowed one. At tc only: XDP follows source-NATed flows only.
+ * assured where it is, as an overflowed one. At tc only: XDP follows
+ * source-NATed flows only.
  */
 static __always_inline void FN(ct_assure_new)(const FAM(ct_key_t) *key,
 					      FAM(ct_entry_t) *fwd, __u64 now)
