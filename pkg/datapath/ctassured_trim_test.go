@@ -19,48 +19,70 @@ import (
 // TIME_WAIT timeout from that FIN on both its entries: ct_mark moves a
 // closing flow's expiry to its closed lifetime further as well as closer
 // (the TIME_WAIT is longer than the SYN timeout), which the reservation's
-// refresh by the same packet (ct_check_reverse) gives it anyway. With
-// main's rule (closer only, tried on this branch) the forward entry kept
-// the SYN timeout while its reservation had the TIME_WAIT.
+// refresh by the same packet (ct_check_reverse) gives it anyway at tc;
+// at XDP, whose ct_check_reverse runs before the mark, the mark alone
+// does. With main's rule (closer only, tried on this branch) the forward
+// entry kept the SYN timeout while its reservation had the TIME_WAIT
+// (tc), both entries the SYN timeout (XDP). Through tc, and through XDP
+// first (what it passes, tc takes), as the node's device runs them.
 func TestCTMarkClosedLifetimeBothEntries(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d, ifindex, np, be, cfg := twNode(t, v6, false)
-		m := d.Maps()
-		if cfg.CTTimeoutSYN >= twTimeWait {
-			t.Fatalf("SYN timeout %v not below TIME_WAIT %v: the test tells nothing", cfg.CTTimeoutSYN, twTimeWait)
-		}
-		send := func(what string, p packet.Packet) {
-			t.Helper()
-			if v, _ := runOn(t, d.TCIngress(), ifindex, p.Bytes()); v != tcActRedirect {
-				t.Fatalf("%s: verdict %d", what, v)
-			}
-		}
-		client := twClient(np)
-		f := twOpen(t, d, ifindex, np, be, client, 44200)
-		clientPkt := func(flags uint8) packet.Packet {
-			p := nsClient(f.cport, np)
-			p.Src, p.TCPFlags = addr(client), flags
-			return p
-		}
-		send("client's ACK", clientPkt(tcpACK))
-		for _, k := range []ctK{f.fwd, f.rev} {
-			wantFlags(t, m, k, awaitBits, awaitBits, "after the client's ACK")
-		}
-		send("backend's FIN", replyFrom(be, f.port, tcpFA))
-		send("backend's RST", replyFrom(be, f.port, tcpRST))
-		lo := clockNow(t)
-		send("client's bare ACK", clientPkt(tcpACK))
-		hi := clockNow(t)
-		for _, k := range []ctK{f.fwd, f.rev} {
-			ctExpiresWithin(t, m, k, ctFlagSNAT|ctFlagFinRev|ctFlagChalRev, ctFlagRST|ctFlagFinFwd, cfg.CTTimeoutSYN, lo, hi, "challenged after the backend's FIN")
-		}
-		lo = clockNow(t)
-		send("client's FIN", clientPkt(tcpFA))
-		hi = clockNow(t)
-		for _, k := range []ctK{f.fwd, f.rev} {
-			ctExpiresWithin(t, m, k, ctFlagSNAT|ctFlagFinRev|ctFlagFinFwd|ctFlagChalRev, ctFlagRST, twTimeWait, lo, hi, "challenged, then closed by the client's FIN")
+		for _, xdp := range []bool{false, true} {
+			t.Run(map[bool]string{false: "tc", true: "xdp"}[xdp], func(t *testing.T) {
+				markClosedLifetime(t, v6, xdp)
+			})
 		}
 	})
+}
+
+// markClosedLifetime is TestCTMarkClosedLifetimeBothEntries for one
+// family, through XDP first or tc alone.
+func markClosedLifetime(t *testing.T, v6, xdp bool) {
+	d, ifindex, np, be, cfg := twNode(t, v6, xdp)
+	m := d.Maps()
+	if cfg.CTTimeoutSYN >= twTimeWait {
+		t.Fatalf("SYN timeout %v not below TIME_WAIT %v: the test tells nothing", cfg.CTTimeoutSYN, twTimeWait)
+	}
+	send := func(what string, p packet.Packet) {
+		t.Helper()
+		if xdp {
+			switch v, _ := runXDP(t, d.XDP(), ifindex, p.Bytes()); v {
+			case xdpTx:
+				return
+			case xdpPass:
+			default:
+				t.Fatalf("%s: XDP verdict %d", what, v)
+			}
+		}
+		if v, _ := runOn(t, d.TCIngress(), ifindex, p.Bytes()); v != tcActRedirect {
+			t.Fatalf("%s: verdict %d", what, v)
+		}
+	}
+	client := twClient(np)
+	f := twOpen(t, d, ifindex, np, be, client, 44200)
+	clientPkt := func(flags uint8) packet.Packet {
+		p := nsClient(f.cport, np)
+		p.Src, p.TCPFlags = addr(client), flags
+		return p
+	}
+	send("client's ACK", clientPkt(tcpACK))
+	for _, k := range []ctK{f.fwd, f.rev} {
+		wantFlags(t, m, k, awaitBits, awaitBits, "after the client's ACK")
+	}
+	send("backend's FIN", replyFrom(be, f.port, tcpFA))
+	send("backend's RST", replyFrom(be, f.port, tcpRST))
+	lo := clockNow(t)
+	send("client's bare ACK", clientPkt(tcpACK))
+	hi := clockNow(t)
+	for _, k := range []ctK{f.fwd, f.rev} {
+		ctExpiresWithin(t, m, k, ctFlagSNAT|ctFlagFinRev|ctFlagChalRev, ctFlagRST|ctFlagFinFwd, cfg.CTTimeoutSYN, lo, hi, "challenged after the backend's FIN")
+	}
+	lo = clockNow(t)
+	send("client's FIN", clientPkt(tcpFA))
+	hi = clockNow(t)
+	for _, k := range []ctK{f.fwd, f.rev} {
+		ctExpiresWithin(t, m, k, ctFlagSNAT|ctFlagFinRev|ctFlagFinFwd|ctFlagChalRev, ctFlagRST, twTimeWait, lo, hi, "challenged, then closed by the client's FIN")
+	}
 }
 
 // TestCTAssuredKeptReservation: a source-NATed flow answered and not
