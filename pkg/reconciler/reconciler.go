@@ -253,6 +253,9 @@ type Reconciler struct {
 	// view.
 	udpFlows map[model.L4Addr]*udpFlows
 	heldRefs map[model.L4Addr]int32
+	// udpFlowsCap bounds the backends of the unheld records
+	// (udpFlowsMaxBackends; tests lower it).
+	udpFlowsCap int
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
@@ -267,6 +270,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk, clock: time.Now}
 	r.reset()
 	r.udpFlows, r.heldRefs = map[model.L4Addr]*udpFlows{}, map[model.L4Addr]int32{}
+	r.udpFlowsCap = udpFlowsMaxBackends
 	r.lastRead = time.Now()
 	return r
 }

@@ -238,12 +238,16 @@ func TestUDPRetiredClaimed(t *testing.T) {
 }
 
 // TestUDPFlowsRecordsBounded: the records of removed UDP frontends whose
-// masters are deleted (kept for a later claim of their addresses) are at
-// most retireCap (here 2, of 32 services); past that the backends of the
-// lowest addresses' are flushed and the records go, as before
-// retirement. A record whose backends were all flushed since goes too: a
-// claim of its address flushes nothing more. Without the bound nothing
-// was flushed at the second expiry.
+// masters are deleted (kept for a later claim of their addresses) are not
+// bounded by retireCap (here 2, of 32 services): four of them flush
+// nothing, their backends still served by their ClusterIPs (before, the
+// two lowest addresses' were flushed past retireCap: the flush of a
+// backend still serving, delayed, under node-address churn). They are
+// bounded by the backends they hold (udpFlowsMaxBackends, here lowered to
+// 3): past that the oldest records, by when their masters went, are
+// evicted and their backends flushed (before, the lowest addresses'). A
+// record whose backends were all flushed since goes too: a claim of its
+// address flushes nothing more.
 func TestUDPFlowsRecordsBounded(t *testing.T) {
 	f, c := newFakeSized(t, 32, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
 	r := newUDPRetiring(f, c)
@@ -270,36 +274,47 @@ func TestUDPFlowsRecordsBounded(t *testing.T) {
 		}
 		return state(svcs...)
 	}
+	// The LoadBalancer IPs of Services 2 and 3 go first, then those of
+	// 0 and 1: records 2 and 3 are the older.
 	mustApply(t, r, services([4]bool{true, true, true, true}, true))
-	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	mustApply(t, r, services([4]bool{true, true, false, false}, true))
 	c.t = c.t.Add(time.Minute)
-	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	mustApply(t, r, services([4]bool{true, true, false, false}, true))
+	mustApply(t, r, services([4]bool{}, true))
+	c.t = c.t.Add(time.Minute)
+	mustApply(t, r, services([4]bool{}, true))
+	if m, ok := masterOf(t, f, lbAt(0)); ok {
+		t.Fatalf("past the UDP timeout: master %+v still there", m)
+	}
 	if fl := f.Flushed(); len(fl) != 0 {
-		t.Fatalf("flushed %v with two records, within the bound", fl)
+		t.Fatalf("flushed %v with four records past retireCap: their ClusterIPs still serve them", fl)
 	}
-	mustApply(t, r, services([4]bool{}, true))
-	c.t = c.t.Add(time.Minute)
-	mustApply(t, r, services([4]bool{}, true))
-	if fl, want := f.Flushed(), []model.L4Addr{bs[0].L4Addr, bs[1].L4Addr}; !slices.Equal(fl, want) {
-		t.Fatalf("flushed %v with four records, want the two lowest addresses' %v", fl, want)
+	if n := len(reconciler.UDPFlowRecords(r)); n != 4 {
+		t.Fatalf("%d records, want 4", n)
 	}
-	// Service 2's backend leaves its ClusterIP: flushed, and its
+	reconciler.SetUDPFlowsCap(r, 3)
+	mustApply(t, r, services([4]bool{}, true))
+	if fl, want := f.Flushed(), []model.L4Addr{bs[2].L4Addr}; !slices.Equal(fl, want) {
+		t.Fatalf("flushed %v with four backends recorded of 3, want the oldest record's %v", fl, want)
+	}
+	if _, ok := reconciler.UDPFlowRecords(r)[lbAt(2)]; ok {
+		t.Errorf("record of %s kept after its eviction", lbAt(2))
+	}
+	// Service 0's backend leaves its ClusterIP: flushed, and its
 	// record with it; a claim of its LoadBalancer IP flushes nothing
 	// more. Service 3's record is claimed: its backend flushed.
-	st := services([4]bool{}, true)
-	cip2 := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 1, 2}), Port: 53, Proto: model.UDP}
-	st.Services.Set(cip2, svc(cip2, "c"))
+	st := services([4]bool{}, false)
 	mustApply(t, r, st)
-	if fl := f.Flushed(); len(fl) != 3 || fl[2] != bs[2].L4Addr {
-		t.Fatalf("flushed %v, want %v last", fl, bs[2].L4Addr)
+	if fl := f.Flushed(); len(fl) != 2 || fl[1] != bs[0].L4Addr {
+		t.Fatalf("flushed %v, want %v last", fl, bs[0].L4Addr)
 	}
-	for _, i := range []int{2, 3} {
+	for _, i := range []int{0, 3} {
 		s := svc(lbAt(i), "other", be(20, 1, model.UDP))
 		s.Kind = model.LoadBalancer
 		st.Services.Set(s.Frontend, s)
 	}
 	mustApply(t, r, st)
-	if fl := f.Flushed(); len(fl) != 4 || fl[3] != bs[3].L4Addr {
+	if fl := f.Flushed(); len(fl) != 3 || fl[2] != bs[3].L4Addr {
 		t.Fatalf("flushed %v, want %v last and nothing else", fl, bs[3].L4Addr)
 	}
 }
