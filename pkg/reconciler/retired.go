@@ -133,13 +133,15 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 		}
 	}
 	rm := retiredMaster(m)
-	if fe.Proto == model.UDP {
-		// Before its slots go: they name the backends to hold.
-		r.holdUDPFlows(fe, v)
-	}
 	r.writes++
 	if err := r.dp.UpsertMaster(fe, rm); err != nil {
 		return fmt.Errorf("retire master: %w", err)
+	}
+	if fe.Proto == model.UDP {
+		// Once the master is retired (a failed write leaves the live
+		// master and no record), and before its slots go: they name
+		// the backends to hold.
+		r.holdUDPFlows(fe, v)
 	}
 	if cip {
 		r.unrefServiceIP(fe.Addr)

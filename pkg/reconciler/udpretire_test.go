@@ -1,6 +1,7 @@
 package reconciler_test
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
@@ -348,5 +349,46 @@ func TestUDPRetiredAfterRestart(t *testing.T) {
 	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
 	if fl := f.Flushed(); len(fl) != 1 {
 		t.Errorf("flushed %v when another Service took the address after the restart, want nothing more", fl)
+	}
+}
+
+// TestUDPRetireFailed: a retirement whose write of the retired master
+// fails leaves the live master and no record of its flows (a record
+// there, unheld at once, outlived the live master and would flush at a
+// later claim what that master's own flows use); the next Apply retires
+// it and holds its backends. Before, the hold came before the write and
+// the record stayed.
+func TestUDPRetireFailed(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	live, _ := masterOf(t, f, udpLBIP)
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpUpsertMaster && op.Frontend.L4Addr == udpLBIP {
+			return errors.New("EIO")
+		}
+		return nil
+	}
+	if err := r.Apply(state(udpLB(false, b1)...)); err == nil {
+		t.Fatal("Apply with the retired master's write failing: no error")
+	}
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m != live {
+		t.Fatalf("after the failed retirement: master %+v (present %v), want the live %+v", m, ok, live)
+	}
+	if recs := reconciler.UDPFlowRecords(r); len(recs) != 0 {
+		t.Errorf("records %v after the failed retirement, want none", recs)
+	}
+	f.Fail = nil
+	mustApply(t, r, state(udpLB(false, b1)...))
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("after the retry: master %+v (present %v), want it retired", m, ok)
+	}
+	want := []model.L4Addr{b1.L4Addr, b2.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the retry: record %+v, want %v held", rec, want)
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v", fl)
 	}
 }
