@@ -259,6 +259,9 @@ type Reconciler struct {
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
+	// The backends the Apply's changed frontends want (Apply's
+	// wantBackend), for freeRetired: nil outside Apply.
+	applyingWant func() map[model.L4Addr]bool
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -469,7 +472,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		services = st.Services
 	}
 	r.applying = services
-	defer func() { r.applying = model.Services{} }()
+	defer func() { r.applying, r.applyingWant = model.Services{}, nil }()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which
@@ -605,6 +608,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 		return want
 	}
+	r.applyingWant = wantBackend
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.

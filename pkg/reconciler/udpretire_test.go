@@ -392,3 +392,34 @@ func TestUDPRetireFailed(t *testing.T) {
 		t.Errorf("flushed %v", fl)
 	}
 }
+
+// TestUDPHeldBackendsFreed: a new frontend short of backend entries
+// frees a retired UDP master's room, its backends held for its flows
+// with it (their flows flushed, as at the retirement's end), in the same
+// Apply. Before, the backends were not counted as freeable: the new
+// frontend was refused until the retirement ended.
+func TestUDPHeldBackendsFreed(t *testing.T) {
+	f, c := newFakeSized(t, 32, 4, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(udpLB(false, b1, b2)...))
+	web := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "web",
+		be(6, 1, model.UDP), be(6, 2, model.UDP), be(6, 3, model.UDP))
+	st := state(web)
+	mustApply(t, r, st)
+	checkProgrammed(t, f, st)
+	cip := udpLB(false)[0].Frontend
+	if m, ok := masterOf(t, f, cip); ok {
+		t.Errorf("the retired master %+v kept", m)
+	}
+	if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(fl, want) {
+		t.Errorf("flushed %v, want %v", fl, want)
+	}
+	// Its record went with the flush (nothing left for a claim).
+	if recs := reconciler.UDPFlowRecords(r); len(recs) != 0 {
+		t.Errorf("records %v, want none", recs)
+	}
+	if !reconciler.MapsMatchView(r) {
+		t.Error("the maps do not match the view")
+	}
+}
