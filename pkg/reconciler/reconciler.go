@@ -256,6 +256,11 @@ type Reconciler struct {
 	// udpFlowsCap bounds the backends of the unheld records
 	// (udpFlowsMaxBackends; tests lower it).
 	udpFlowsCap int
+	// restoredFlows: the backends the conntrack flows to each live UDP
+	// master's address used at Restore (restoreUDPFlows), for its
+	// retirement before its first program (holdUDPFlows: no Service
+	// names its standby backends then); dropped by the first Apply.
+	restoredFlows map[model.L4Addr][]model.L4Addr
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
@@ -315,6 +320,7 @@ func (r *Reconciler) Restore() error {
 	}
 	r.reset()
 	r.loadKernel(ks)
+	r.restoreUDPFlows()
 	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", r.backends.len(), "rev_nat", r.revNat.len())
 	return nil
 }
@@ -472,7 +478,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		services = st.Services
 	}
 	r.applying = services
-	defer func() { r.applying, r.applyingWant = model.Services{}, nil }()
+	defer func() { r.applying, r.applyingWant, r.restoredFlows = model.Services{}, nil, nil }()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which

@@ -320,36 +320,97 @@ func TestUDPFlowsRecordsBounded(t *testing.T) {
 	}
 }
 
-// TestUDPRetiredAfterRestart pins what an agent restart loses (README,
-// UDP flush scope): the maps do not say which backends a retired UDP
-// master's flows use, so the restarted agent keeps the retired master
-// (timed from the restore) but not the entry of a backend only it held,
-// which goes, flushed, at the first sync; a frontend programmed at its
-// address later flushes nothing for it.
+// TestUDPRetiredAfterRestart: an agent restart rebuilds, from the
+// datapath's conntrack (UDPFlowReader: per frontend, the backends its
+// UDP flows use), which backends a removed UDP frontend's flows use.
+// With its master retired, the backend only it held keeps its entry and
+// is not flushed at the first sync; whether retired or deleted already,
+// a frontend programmed at its address later flushes the backends its
+// Service does not serve, as without the restart. A frontend restored
+// live and removed by the first sync (its Service not known yet, so
+// neither its standby backends) holds the backends conntrack names for
+// it. Before Restore read conntrack, the first case flushed b2 at the
+// first sync and each claim flushed nothing; the third flushed b3.
 func TestUDPRetiredAfterRestart(t *testing.T) {
-	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
-	r := newUDPRetiring(f, c)
-	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
-	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
-	mustApply(t, r, state(udpLB(false, b1)...))
-	if fl := f.Flushed(); len(fl) != 0 {
-		t.Fatalf("flushed %v at the removal", fl)
+	b1, b2, b3 := be(5, 1, model.UDP), be(5, 2, model.UDP), be(5, 3, model.UDP)
+	c1 := be(6, 1, model.UDP)
+	claim := state(append(udpLB(false, b1), lbService("other", c1))...)
+	restart := func(t *testing.T, f *fakedp.Fake, c *retiredClock) *reconciler.Reconciler {
+		t.Helper()
+		r := newUDPRetiring(f, c)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		return r
 	}
-	r = newUDPRetiring(f, c)
-	if err := r.Restore(); err != nil {
-		t.Fatal(err)
-	}
-	mustApply(t, r, state(udpLB(false, b1)...))
-	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
-		t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
-	}
-	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
-		t.Fatalf("flushed %v at the first sync after the restart, want %v", fl, b2.L4Addr)
-	}
-	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
-	if fl := f.Flushed(); len(fl) != 1 {
-		t.Errorf("flushed %v when another Service took the address after the restart, want nothing more", fl)
-	}
+	t.Run("Retired", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Fatalf("flushed %v at the removal", fl)
+		}
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Fatalf("flushed %v at the first sync after the restart, want nothing (%s held for its flows)", fl, b2.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b2.L4Addr) {
+			t.Errorf("after the restart: backend entries %v, want %s held", got, b2.L4Addr)
+		}
+		mustApply(t, r, claim)
+		if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(fl, want) {
+			t.Errorf("flushed %v when another Service took the address after the restart, want %v", fl, want)
+		}
+	})
+	t.Run("Deleted", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(udpLB(true, b1)...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr}})
+		mustApply(t, r, state(udpLB(false, b1)...))
+		c.t = c.t.Add(2 * time.Minute)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); ok {
+			t.Fatalf("past the UDP timeout: master %+v still there", m)
+		}
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		mustApply(t, r, claim)
+		if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr}; !slices.Equal(fl, want) {
+			t.Errorf("flushed %v when another Service took the address after the restart, want %v", fl, want)
+		}
+	})
+	t.Run("RemovedAtFirstSync", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		// b3 served and then standby (serving, terminating): its entry
+		// kept for its flows.
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b3))...))
+		lb := lbService("dns", b1)
+		lb.Standby = []model.L4Addr{b3.L4Addr}
+		mustApply(t, r, state(append(udpLB(false, b1), lb)...))
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Fatalf("before the restart: backend entries %v, want %s standby", got, b3.L4Addr)
+		}
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b3.L4Addr}})
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v at the first sync, want nothing (%s held for its flows)", fl, b3.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Errorf("backend entries %v, want %s held", got, b3.L4Addr)
+		}
+	})
 }
 
 // TestUDPRetireFailed: a retirement whose write of the retired master

@@ -40,9 +40,12 @@ package reconciler
 // retired masters and generously (udpFlowsMaxBackends recorded backends
 // in all); past that the oldest unheld records (by when their hold
 // ended) are evicted, their backends flushed (as before retirement):
-// rare, and the flows most likely gone. An agent restart forgets them
-// (the maps do not say which backends a retired master's flows use): a
-// README limitation.
+// rare, and the flows most likely gone.
+//
+// An agent restart would forget them (the service maps do not say which
+// backends a retired master's flows use): Restore rebuilds them from the
+// datapath's conntrack (UDPFlowReader, restoreUDPFlows), whose forward
+// entries name each UDP flow's frontend and backend.
 
 import (
 	"cmp"
@@ -92,6 +95,11 @@ func (r *Reconciler) holdUDPFlows(fe Frontend, v *frontendView) {
 	}
 	add(v)
 	add(r.frontends.val(Frontend{L4Addr: fe.L4Addr, Scope: ScopeInternal}))
+	if v.svc == nil {
+		// Restored and not programmed since: no Service names its
+		// standby backends, conntrack named its flows' (Restore).
+		bs = append(bs, r.restoredFlows[fe.L4Addr]...)
+	}
 	rec := r.udpFlows[fe.L4Addr]
 	if rec != nil {
 		if rec.held {
@@ -220,6 +228,51 @@ func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
 		rec.backends = slices.DeleteFunc(rec.backends, func(a model.L4Addr) bool { return flushed[a] })
 		if len(rec.backends) == 0 {
 			delete(r.udpFlows, addr)
+		}
+	}
+}
+
+// restoreUDPFlows, at Restore, rebuilds from the datapath's conntrack
+// (UDPFlowReader) the records a restart forgot, when removed UDP
+// frontends are retired: the flows at a retired master's address make a
+// held record (their backends' entries kept for them, as at the
+// retirement), those at an address without a master an unheld one (for
+// a later claim), and those at a live master's are kept for its
+// retirement before its first program (restoredFlows). A failed read is
+// logged and leaves the records empty, as before they were read.
+func (r *Reconciler) restoreUDPFlows() {
+	rd, ok := r.dp.(UDPFlowReader)
+	if !ok || r.retireUDPAfter <= 0 {
+		return
+	}
+	flows, err := rd.UDPFlowBackends()
+	if err != nil {
+		r.log.Warn("Failed to read the backends of UDP flows from conntrack: removed frontends' flows are not known", "error", err)
+		return
+	}
+	now := r.clock()
+	for addr, bs := range flows {
+		if addr.Proto != model.UDP || r.udpFlows[addr] != nil {
+			continue
+		}
+		bs = slices.DeleteFunc(slices.Clone(bs), func(a model.L4Addr) bool { return a.Proto != model.UDP })
+		slices.SortFunc(bs, model.L4Addr.Compare)
+		if bs = slices.Compact(bs); len(bs) == 0 {
+			continue
+		}
+		switch v := r.frontends.val(DefaultScope(addr)); {
+		case v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0:
+			if r.restoredFlows == nil {
+				r.restoredFlows = map[model.L4Addr][]model.L4Addr{}
+			}
+			r.restoredFlows[addr] = bs
+		case v != nil && v.hasMaster:
+			r.udpFlows[addr] = &udpFlows{backends: bs, held: true}
+			for _, a := range bs {
+				r.heldRefs[a]++
+			}
+		default:
+			r.udpFlows[addr] = &udpFlows{backends: bs, unheldAt: now}
 		}
 	}
 }
