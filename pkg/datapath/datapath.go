@@ -758,6 +758,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		devices6:    d.tc.Sluice6DevicesV1,
 	}
 	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
+	d.maps.conntrack6, d.maps.ctNew6 = d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1
 	// The programs' dev_l3_maybe (1 as loaded) says what the pinned
 	// device map holds before they are attached (devices.go).
 	d.maps.l3Gates = []*ebpf.Variable{d.tc.DevL3Maybe}

@@ -30,6 +30,9 @@ type Maps struct {
 	affinity, affFix                                                  *ebpf.Map
 	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 	ctFlush6                                                          *ebpf.Map // IPv6 conntrack flush set (conntrack.go)
+	// The IPv6 conntrack tables, established and new, for
+	// UDPFlowBackends (udpflows.go); nil in a Maps of pins.
+	conntrack6, ctNew6 *ebpf.Map
 	// devMu orders the writes of sluice_devices after the start: the
 	// port flag's read-modify-writes (portwatch.go) and the attach and
 	// detach of the devices that --devices' patterns follow (devwatch.go).

@@ -346,7 +346,11 @@ func (s sizes) sub(t sizes) sizes {
 
 // freeable is at most what freeRetired can free: a service id and a
 // service entry (its master) per retired master the Apply's services do
-// not want, and a service id per rev_nat entry waiting for phase 3.
+// not want, a service id per rev_nat entry waiting for phase 3, and a
+// backend entry per backend that only retired UDP masters hold for their
+// flows (udpretired.go: no slot names it, no Service holds it standby;
+// an upper bound, as one the Apply wants or a wanted retired master
+// holds stays).
 func (r *Reconciler) freeable() sizes {
 	var n sizes
 	for fe := range r.retiredAt {
@@ -356,6 +360,11 @@ func (r *Reconciler) freeable() sizes {
 		}
 	}
 	n.services += len(r.revNatCand)
+	for a := range r.heldRefs {
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) {
+			n.backends[familyOf(a.Addr)]++
+		}
+	}
 	return n
 }
 

@@ -188,6 +188,17 @@ type Datapath interface {
 	BatchDatapath
 }
 
+// UDPFlowReader is a Datapath that can say which backends the UDP flows
+// its conntrack holds use, per frontend: of every live forward entry of
+// a UDP flow (the client's tuple), its destination (the frontend's
+// address and port) and the backend it is translated to. Restore reads
+// it, when removed UDP frontends are retired, to rebuild what a restart
+// would forget: which backends a removed frontend's flows use
+// (udpretired.go).
+type UDPFlowReader interface {
+	UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error)
+}
+
 // BatchDatapath writes many entries of one map in one operation
 // (BPF_MAP_UPDATE_BATCH): the reconciler uses it to program many new
 // frontends at once (a first program of 30,000 services), map by map in

@@ -253,9 +253,20 @@ type Reconciler struct {
 	// view.
 	udpFlows map[model.L4Addr]*udpFlows
 	heldRefs map[model.L4Addr]int32
+	// udpFlowsCap bounds the backends of the unheld records
+	// (udpFlowsMaxBackends; tests lower it).
+	udpFlowsCap int
+	// restoredFlows: the backends the conntrack flows to each live UDP
+	// master's address used at Restore (restoreUDPFlows), for its
+	// retirement before its first program (holdUDPFlows: no Service
+	// names its standby backends then); dropped by the first Apply.
+	restoredFlows map[model.L4Addr][]model.L4Addr
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
+	// The backends the Apply's changed frontends want (Apply's
+	// wantBackend), for freeRetired: nil outside Apply.
+	applyingWant func() map[model.L4Addr]bool
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -267,6 +278,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk, clock: time.Now}
 	r.reset()
 	r.udpFlows, r.heldRefs = map[model.L4Addr]*udpFlows{}, map[model.L4Addr]int32{}
+	r.udpFlowsCap = udpFlowsMaxBackends
 	r.lastRead = time.Now()
 	return r
 }
@@ -308,6 +320,7 @@ func (r *Reconciler) Restore() error {
 	}
 	r.reset()
 	r.loadKernel(ks)
+	r.restoreUDPFlows()
 	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", r.backends.len(), "rev_nat", r.revNat.len())
 	return nil
 }
@@ -465,7 +478,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		services = st.Services
 	}
 	r.applying = services
-	defer func() { r.applying = model.Services{} }()
+	defer func() { r.applying, r.applyingWant, r.restoredFlows = model.Services{}, nil, nil }()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which
@@ -601,6 +614,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 		return want
 	}
+	r.applyingWant = wantBackend
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.

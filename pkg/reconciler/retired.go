@@ -133,13 +133,15 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 		}
 	}
 	rm := retiredMaster(m)
-	if fe.Proto == model.UDP {
-		// Before its slots go: they name the backends to hold.
-		r.holdUDPFlows(fe, v)
-	}
 	r.writes++
 	if err := r.dp.UpsertMaster(fe, rm); err != nil {
 		return fmt.Errorf("retire master: %w", err)
+	}
+	if fe.Proto == model.UDP {
+		// Once the master is retired (a failed write leaves the live
+		// master and no record), and before its slots go: they name
+		// the backends to hold.
+		r.holdUDPFlows(fe, v)
 	}
 	if cip {
 		r.unrefServiceIP(fe.Addr)
@@ -219,9 +221,10 @@ func (r *Reconciler) expiredRetired(services model.Services, gone []Frontend) []
 // freeRetired makes room for a frontend that does not fit (checkCapacity):
 // it deletes every retired master the Apply's services do not want, its
 // time up or not (all of them rather than the oldest first: a full map is
-// rare, and each is one entry), and the rev_nat entries no master names
+// rare, and each is one entry), the rev_nat entries no master names
 // (theirs, and those of frontends phase 1 removed, which would otherwise
-// go only in phase 3, after the check), releasing their ids. It reports
+// go only in phase 3, after the check), releasing their ids, and the
+// backend entries only retired UDP masters held. It reports
 // whether it freed anything; a failed delete is logged and left to the
 // rest of the Apply (the frontend is then refused as before).
 func (r *Reconciler) freeRetired() bool {
@@ -255,6 +258,16 @@ func (r *Reconciler) freeRetired() bool {
 	if err := r.deleteUnusedRevNat(services); err != nil {
 		r.log.Warn("Failed to delete unused rev_nat entries to make room", "error", err)
 	}
+	// The backends the deleted UDP masters held for their flows, and
+	// nothing else keeps: their records let go (settleUDPFlows), they go
+	// now rather than in phase 3 (their flows flushed, as at the end of
+	// a retirement).
+	r.settleUDPFlows()
+	if r.applyingWant != nil {
+		if err := r.deleteUnusedBackends(r.applyingWant); err != nil {
+			r.log.Warn("Failed to delete unused backends to make room", "error", err)
+		}
+	}
 	after := r.inUse()
-	return after.services < before.services || after.entries != before.entries
+	return after.services < before.services || after.entries != before.entries || after.backends != before.backends
 }

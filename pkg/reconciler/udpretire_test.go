@@ -1,6 +1,7 @@
 package reconciler_test
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
@@ -238,12 +239,16 @@ func TestUDPRetiredClaimed(t *testing.T) {
 }
 
 // TestUDPFlowsRecordsBounded: the records of removed UDP frontends whose
-// masters are deleted (kept for a later claim of their addresses) are at
-// most retireCap (here 2, of 32 services); past that the backends of the
-// lowest addresses' are flushed and the records go, as before
-// retirement. A record whose backends were all flushed since goes too: a
-// claim of its address flushes nothing more. Without the bound nothing
-// was flushed at the second expiry.
+// masters are deleted (kept for a later claim of their addresses) are not
+// bounded by retireCap (here 2, of 32 services): four of them flush
+// nothing, their backends still served by their ClusterIPs (before, the
+// two lowest addresses' were flushed past retireCap: the flush of a
+// backend still serving, delayed, under node-address churn). They are
+// bounded by the backends they hold (udpFlowsMaxBackends, here lowered to
+// 3): past that the oldest records, by when their masters went, are
+// evicted and their backends flushed (before, the lowest addresses'). A
+// record whose backends were all flushed since goes too: a claim of its
+// address flushes nothing more.
 func TestUDPFlowsRecordsBounded(t *testing.T) {
 	f, c := newFakeSized(t, 32, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
 	r := newUDPRetiring(f, c)
@@ -270,68 +275,212 @@ func TestUDPFlowsRecordsBounded(t *testing.T) {
 		}
 		return state(svcs...)
 	}
+	// The LoadBalancer IPs of Services 2 and 3 go first, then those of
+	// 0 and 1: records 2 and 3 are the older.
 	mustApply(t, r, services([4]bool{true, true, true, true}, true))
-	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	mustApply(t, r, services([4]bool{true, true, false, false}, true))
 	c.t = c.t.Add(time.Minute)
-	mustApply(t, r, services([4]bool{false, false, true, true}, true))
+	mustApply(t, r, services([4]bool{true, true, false, false}, true))
+	mustApply(t, r, services([4]bool{}, true))
+	c.t = c.t.Add(time.Minute)
+	mustApply(t, r, services([4]bool{}, true))
+	if m, ok := masterOf(t, f, lbAt(0)); ok {
+		t.Fatalf("past the UDP timeout: master %+v still there", m)
+	}
 	if fl := f.Flushed(); len(fl) != 0 {
-		t.Fatalf("flushed %v with two records, within the bound", fl)
+		t.Fatalf("flushed %v with four records past retireCap: their ClusterIPs still serve them", fl)
 	}
-	mustApply(t, r, services([4]bool{}, true))
-	c.t = c.t.Add(time.Minute)
-	mustApply(t, r, services([4]bool{}, true))
-	if fl, want := f.Flushed(), []model.L4Addr{bs[0].L4Addr, bs[1].L4Addr}; !slices.Equal(fl, want) {
-		t.Fatalf("flushed %v with four records, want the two lowest addresses' %v", fl, want)
+	if n := len(reconciler.UDPFlowRecords(r)); n != 4 {
+		t.Fatalf("%d records, want 4", n)
 	}
-	// Service 2's backend leaves its ClusterIP: flushed, and its
+	reconciler.SetUDPFlowsCap(r, 3)
+	mustApply(t, r, services([4]bool{}, true))
+	if fl, want := f.Flushed(), []model.L4Addr{bs[2].L4Addr}; !slices.Equal(fl, want) {
+		t.Fatalf("flushed %v with four backends recorded of 3, want the oldest record's %v", fl, want)
+	}
+	if _, ok := reconciler.UDPFlowRecords(r)[lbAt(2)]; ok {
+		t.Errorf("record of %s kept after its eviction", lbAt(2))
+	}
+	// Service 0's backend leaves its ClusterIP: flushed, and its
 	// record with it; a claim of its LoadBalancer IP flushes nothing
 	// more. Service 3's record is claimed: its backend flushed.
-	st := services([4]bool{}, true)
-	cip2 := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 1, 2}), Port: 53, Proto: model.UDP}
-	st.Services.Set(cip2, svc(cip2, "c"))
+	st := services([4]bool{}, false)
 	mustApply(t, r, st)
-	if fl := f.Flushed(); len(fl) != 3 || fl[2] != bs[2].L4Addr {
-		t.Fatalf("flushed %v, want %v last", fl, bs[2].L4Addr)
+	if fl := f.Flushed(); len(fl) != 2 || fl[1] != bs[0].L4Addr {
+		t.Fatalf("flushed %v, want %v last", fl, bs[0].L4Addr)
 	}
-	for _, i := range []int{2, 3} {
+	for _, i := range []int{0, 3} {
 		s := svc(lbAt(i), "other", be(20, 1, model.UDP))
 		s.Kind = model.LoadBalancer
 		st.Services.Set(s.Frontend, s)
 	}
 	mustApply(t, r, st)
-	if fl := f.Flushed(); len(fl) != 4 || fl[3] != bs[3].L4Addr {
+	if fl := f.Flushed(); len(fl) != 3 || fl[2] != bs[3].L4Addr {
 		t.Fatalf("flushed %v, want %v last and nothing else", fl, bs[3].L4Addr)
 	}
 }
 
-// TestUDPRetiredAfterRestart pins what an agent restart loses (README,
-// UDP flush scope): the maps do not say which backends a retired UDP
-// master's flows use, so the restarted agent keeps the retired master
-// (timed from the restore) but not the entry of a backend only it held,
-// which goes, flushed, at the first sync; a frontend programmed at its
-// address later flushes nothing for it.
+// TestUDPRetiredAfterRestart: an agent restart rebuilds, from the
+// datapath's conntrack (UDPFlowReader: per frontend, the backends its
+// UDP flows use), which backends a removed UDP frontend's flows use.
+// With its master retired, the backend only it held keeps its entry and
+// is not flushed at the first sync; whether retired or deleted already,
+// a frontend programmed at its address later flushes the backends its
+// Service does not serve, as without the restart. A frontend restored
+// live and removed by the first sync (its Service not known yet, so
+// neither its standby backends) holds the backends conntrack names for
+// it. Before Restore read conntrack, the first case flushed b2 at the
+// first sync and each claim flushed nothing; the third flushed b3.
 func TestUDPRetiredAfterRestart(t *testing.T) {
+	b1, b2, b3 := be(5, 1, model.UDP), be(5, 2, model.UDP), be(5, 3, model.UDP)
+	c1 := be(6, 1, model.UDP)
+	claim := state(append(udpLB(false, b1), lbService("other", c1))...)
+	restart := func(t *testing.T, f *fakedp.Fake, c *retiredClock) *reconciler.Reconciler {
+		t.Helper()
+		r := newUDPRetiring(f, c)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	t.Run("Retired", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Fatalf("flushed %v at the removal", fl)
+		}
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Fatalf("flushed %v at the first sync after the restart, want nothing (%s held for its flows)", fl, b2.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b2.L4Addr) {
+			t.Errorf("after the restart: backend entries %v, want %s held", got, b2.L4Addr)
+		}
+		mustApply(t, r, claim)
+		if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(fl, want) {
+			t.Errorf("flushed %v when another Service took the address after the restart, want %v", fl, want)
+		}
+	})
+	t.Run("Deleted", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(udpLB(true, b1)...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr}})
+		mustApply(t, r, state(udpLB(false, b1)...))
+		c.t = c.t.Add(2 * time.Minute)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); ok {
+			t.Fatalf("past the UDP timeout: master %+v still there", m)
+		}
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		mustApply(t, r, claim)
+		if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr}; !slices.Equal(fl, want) {
+			t.Errorf("flushed %v when another Service took the address after the restart, want %v", fl, want)
+		}
+	})
+	t.Run("RemovedAtFirstSync", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		// b3 served and then standby (serving, terminating): its entry
+		// kept for its flows.
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b3))...))
+		lb := lbService("dns", b1)
+		lb.Standby = []model.L4Addr{b3.L4Addr}
+		mustApply(t, r, state(append(udpLB(false, b1), lb)...))
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Fatalf("before the restart: backend entries %v, want %s standby", got, b3.L4Addr)
+		}
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b3.L4Addr}})
+		r = restart(t, f, c)
+		mustApply(t, r, state(udpLB(false, b1)...))
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v at the first sync, want nothing (%s held for its flows)", fl, b3.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Errorf("backend entries %v, want %s held", got, b3.L4Addr)
+		}
+	})
+}
+
+// TestUDPRetireFailed: a retirement whose write of the retired master
+// fails leaves the live master and no record of its flows (a record
+// there, unheld at once, outlived the live master and would flush at a
+// later claim what that master's own flows use); the next Apply retires
+// it and holds its backends. Before, the hold came before the write and
+// the record stayed.
+func TestUDPRetireFailed(t *testing.T) {
 	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
 	r := newUDPRetiring(f, c)
 	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
 	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
-	mustApply(t, r, state(udpLB(false, b1)...))
-	if fl := f.Flushed(); len(fl) != 0 {
-		t.Fatalf("flushed %v at the removal", fl)
+	live, _ := masterOf(t, f, udpLBIP)
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpUpsertMaster && op.Frontend.L4Addr == udpLBIP {
+			return errors.New("EIO")
+		}
+		return nil
 	}
-	r = newUDPRetiring(f, c)
-	if err := r.Restore(); err != nil {
-		t.Fatal(err)
+	if err := r.Apply(state(udpLB(false, b1)...)); err == nil {
+		t.Fatal("Apply with the retired master's write failing: no error")
 	}
+	if m, ok := masterOf(t, f, udpLBIP); !ok || m != live {
+		t.Fatalf("after the failed retirement: master %+v (present %v), want the live %+v", m, ok, live)
+	}
+	if recs := reconciler.UDPFlowRecords(r); len(recs) != 0 {
+		t.Errorf("records %v after the failed retirement, want none", recs)
+	}
+	f.Fail = nil
 	mustApply(t, r, state(udpLB(false, b1)...))
 	if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
-		t.Fatalf("after the restart: master %+v (present %v), want it retired", m, ok)
+		t.Fatalf("after the retry: master %+v (present %v), want it retired", m, ok)
 	}
-	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
-		t.Fatalf("flushed %v at the first sync after the restart, want %v", fl, b2.L4Addr)
+	want := []model.L4Addr{b1.L4Addr, b2.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the retry: record %+v, want %v held", rec, want)
 	}
-	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
-	if fl := f.Flushed(); len(fl) != 1 {
-		t.Errorf("flushed %v when another Service took the address after the restart, want nothing more", fl)
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v", fl)
+	}
+}
+
+// TestUDPHeldBackendsFreed: a new frontend short of backend entries
+// frees a retired UDP master's room, its backends held for its flows
+// with it (their flows flushed, as at the retirement's end), in the same
+// Apply. Before, the backends were not counted as freeable: the new
+// frontend was refused until the retirement ended.
+func TestUDPHeldBackendsFreed(t *testing.T) {
+	f, c := newFakeSized(t, 32, 4, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(udpLB(false, b1, b2)...))
+	web := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "web",
+		be(6, 1, model.UDP), be(6, 2, model.UDP), be(6, 3, model.UDP))
+	st := state(web)
+	mustApply(t, r, st)
+	checkProgrammed(t, f, st)
+	cip := udpLB(false)[0].Frontend
+	if m, ok := masterOf(t, f, cip); ok {
+		t.Errorf("the retired master %+v kept", m)
+	}
+	if fl, want := f.Flushed(), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(fl, want) {
+		t.Errorf("flushed %v, want %v", fl, want)
+	}
+	// Its record went with the flush (nothing left for a claim).
+	if recs := reconciler.UDPFlowRecords(r); len(recs) != 0 {
+		t.Errorf("records %v, want none", recs)
+	}
+	if !reconciler.MapsMatchView(r) {
+		t.Error("the maps do not match the view")
 	}
 }

@@ -30,14 +30,27 @@ package reconciler
 // (claimUDPFlows): the backends its Service does not serve are flushed
 // (by address, the only flush the datapath has: their flows through
 // other frontends go too), the others keep their flows, as under
-// kube-proxy. A backend flushed for any reason leaves the record; at most
-// retireCap records outlive their masters, past that a record's backends
-// are flushed at once (as before retirement). An agent restart forgets
-// them (the maps do not say which backends a retired master's flows
-// use): a README limitation.
+// kube-proxy. A backend flushed for any reason leaves the record.
+//
+// A record whose master went (unheld) has no end of its own: a flow
+// whose backend keeps sending lives on (its replies refresh its entry),
+// so the age of a record says nothing of its flows, and dropping it
+// silently would let a later claim follow them for the new Service.
+// Records cost Go memory only, so they are bounded apart from the
+// retired masters and generously (udpFlowsMaxBackends recorded backends
+// in all); past that the oldest unheld records (by when their hold
+// ended) are evicted, their backends flushed (as before retirement):
+// rare, and the flows most likely gone.
+//
+// An agent restart would forget them (the service maps do not say which
+// backends a retired master's flows use): Restore rebuilds them from the
+// datapath's conntrack (UDPFlowReader, restoreUDPFlows), whose forward
+// entries name each UDP flow's frontend and backend.
 
 import (
+	"cmp"
 	"slices"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -49,7 +62,14 @@ type udpFlows struct {
 	// held: the frontend's master is retired, and heldRefs counts
 	// backends.
 	held bool
+	// unheldAt: when the hold ended (settleUDPFlows), for eviction
+	// oldest first.
+	unheldAt time.Time
 }
+
+// udpFlowsMaxBackends bounds the backends the unheld records hold in
+// all (Go memory only: 65,536 addresses are a few MB).
+const udpFlowsMaxBackends = 1 << 16
 
 // holdUDPFlows records, at the retirement of UDP frontend fe (view v,
 // its slots not yet deleted), the backends its flows may use, and holds
@@ -75,6 +95,11 @@ func (r *Reconciler) holdUDPFlows(fe Frontend, v *frontendView) {
 	}
 	add(v)
 	add(r.frontends.val(Frontend{L4Addr: fe.L4Addr, Scope: ScopeInternal}))
+	if v.svc == nil {
+		// Restored and not programmed since: no Service names its
+		// standby backends, conntrack named its flows' (Restore).
+		bs = append(bs, r.restoredFlows[fe.L4Addr]...)
+	}
 	rec := r.udpFlows[fe.L4Addr]
 	if rec != nil {
 		if rec.held {
@@ -128,41 +153,44 @@ func (r *Reconciler) flowsKeep(addr model.L4Addr, a model.L4Addr) bool {
 
 // settleUDPFlows ends the holds of the records whose master is no longer
 // retired (past its time, evicted, or gone from the maps): the record
-// stays, for a frontend that claims the address later. Past retireCap
-// such records, one's backends are flushed and it goes.
+// stays, for a frontend that claims the address later. Past
+// udpFlowsCap backends in the unheld records, the oldest of them (by
+// when their hold ended, then by address) are evicted, their backends
+// flushed.
 func (r *Reconciler) settleUDPFlows() {
 	if len(r.udpFlows) == 0 {
 		return
 	}
-	unheld := 0
+	now := r.clock()
+	n := 0
+	var unheld []model.L4Addr
 	for addr, rec := range r.udpFlows {
 		if rec.held {
 			if _, ok := r.retiredAt[DefaultScope(addr)]; ok {
 				continue
 			}
 			r.releaseUDPFlows(rec)
+			rec.unheldAt = now
 		}
-		unheld++
+		n += len(rec.backends)
+		unheld = append(unheld, addr)
 	}
-	if unheld <= r.retireCap() {
+	if n <= r.udpFlowsCap {
 		return
 	}
-	var addrs []model.L4Addr
-	for addr, rec := range r.udpFlows {
-		if !rec.held {
-			addrs = append(addrs, addr)
-		}
-	}
-	slices.SortFunc(addrs, model.L4Addr.Compare)
-	for _, addr := range addrs {
-		if unheld <= r.retireCap() {
+	slices.SortFunc(unheld, func(a, b model.L4Addr) int {
+		return cmp.Or(r.udpFlows[a].unheldAt.Compare(r.udpFlows[b].unheldAt), a.Compare(b))
+	})
+	for _, addr := range unheld {
+		if n <= r.udpFlowsCap {
 			break
 		}
-		for _, a := range r.udpFlows[addr].backends {
+		rec := r.udpFlows[addr]
+		for _, a := range rec.backends {
 			r.pendingFlush[a] = true
 		}
+		n -= len(rec.backends)
 		delete(r.udpFlows, addr)
-		unheld--
 	}
 }
 
@@ -200,6 +228,51 @@ func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
 		rec.backends = slices.DeleteFunc(rec.backends, func(a model.L4Addr) bool { return flushed[a] })
 		if len(rec.backends) == 0 {
 			delete(r.udpFlows, addr)
+		}
+	}
+}
+
+// restoreUDPFlows, at Restore, rebuilds from the datapath's conntrack
+// (UDPFlowReader) the records a restart forgot, when removed UDP
+// frontends are retired: the flows at a retired master's address make a
+// held record (their backends' entries kept for them, as at the
+// retirement), those at an address without a master an unheld one (for
+// a later claim), and those at a live master's are kept for its
+// retirement before its first program (restoredFlows). A failed read is
+// logged and leaves the records empty, as before they were read.
+func (r *Reconciler) restoreUDPFlows() {
+	rd, ok := r.dp.(UDPFlowReader)
+	if !ok || r.retireUDPAfter <= 0 {
+		return
+	}
+	flows, err := rd.UDPFlowBackends()
+	if err != nil {
+		r.log.Warn("Failed to read the backends of UDP flows from conntrack: removed frontends' flows are not known", "error", err)
+		return
+	}
+	now := r.clock()
+	for addr, bs := range flows {
+		if addr.Proto != model.UDP || r.udpFlows[addr] != nil {
+			continue
+		}
+		bs = slices.DeleteFunc(slices.Clone(bs), func(a model.L4Addr) bool { return a.Proto != model.UDP })
+		slices.SortFunc(bs, model.L4Addr.Compare)
+		if bs = slices.Compact(bs); len(bs) == 0 {
+			continue
+		}
+		switch v := r.frontends.val(DefaultScope(addr)); {
+		case v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0:
+			if r.restoredFlows == nil {
+				r.restoredFlows = map[model.L4Addr][]model.L4Addr{}
+			}
+			r.restoredFlows[addr] = bs
+		case v != nil && v.hasMaster:
+			r.udpFlows[addr] = &udpFlows{backends: bs, held: true}
+			for _, a := range bs {
+				r.heldRefs[a]++
+			}
+		default:
+			r.udpFlows[addr] = &udpFlows{backends: bs, unheldAt: now}
 		}
 	}
 }

@@ -160,10 +160,13 @@ type Fake struct {
 	Record bool
 	Ops    []Op
 
-	counts     map[OpKind]int
-	batches    int
-	walks      int // calls of Walk
-	flushed    []model.L4Addr
+	counts  map[OpKind]int
+	batches int
+	walks   int // calls of Walk
+	flushed []model.L4Addr
+	// udpFlows: the UDP flows the datapath's conntrack would hold, per
+	// frontend (SetUDPFlows): the backends they use.
+	udpFlows   map[model.L4Addr][]model.L4Addr
 	fixed      []reconciler.AffinityFix
 	violations []string
 }
@@ -202,6 +205,31 @@ func (f *Fake) SetSourceRangeCapacity(n int) {
 }
 
 var _ reconciler.Datapath = (*Fake)(nil)
+
+var _ reconciler.UDPFlowReader = (*Fake)(nil)
+
+// SetUDPFlows makes the UDP flows the fake's conntrack holds flows: per
+// frontend, the backends they use (UDPFlowBackends reports them, and
+// FlushConntrack ends those of the backends it flushes).
+func (f *Fake) SetUDPFlows(flows map[model.L4Addr][]model.L4Addr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.udpFlows = map[model.L4Addr][]model.L4Addr{}
+	for fe, bs := range flows {
+		f.udpFlows[fe] = slices.Clone(bs)
+	}
+}
+
+// UDPFlowBackends returns the flows SetUDPFlows set that no flush ended.
+func (f *Fake) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[model.L4Addr][]model.L4Addr, len(f.udpFlows))
+	for fe, bs := range f.udpFlows {
+		out[fe] = slices.Clone(bs)
+	}
+	return out, nil
+}
 
 // write makes one map operation, with f.mu held: Fail may refuse it
 // first; apply changes the maps (noting violations), and an operation it
@@ -654,6 +682,14 @@ func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	op := Op{Kind: OpFlushConntrack, Addrs: slices.Clone(bs)}
 	return f.write(op, func() error {
 		f.flushed = append(f.flushed, bs...)
+		for fe, fl := range f.udpFlows {
+			fl = slices.DeleteFunc(fl, func(a model.L4Addr) bool { return slices.Contains(bs, a) })
+			if len(fl) == 0 {
+				delete(f.udpFlows, fe)
+			} else {
+				f.udpFlows[fe] = fl
+			}
+		}
 		return nil
 	})
 }

@@ -809,15 +809,18 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 // CheckExternalIPs refuses a Service an externalIPs entry of which the
 // API server refuses for a new Service, naming the Service, the entry's
 // index, the address and why; svc is valid otherwise (ValidateService).
-// ValidateService there checks that every new entry parses and then, "for
-// historical reasons", applies the endpoint address rule to it
+// ValidateService there checks that every entry parses (one the Service
+// already had is exempt) and then, "for historical reasons", applies the
+// endpoint address rule to it
 // (ValidateEndpointIP, so EndpointIPRefusal: unspecified, loopback,
 // link-local, link-local multicast). A manifest could name 127.0.0.1 or
 // 169.254.169.254, and the node's connections there would reach the
-// Service's endpoints. For the manifest source only:
-// the API server keeps an entry the Service held before it checked them
-// (ValidateService's existingExternalIPs, on every update), and
-// kube-proxy serves it, so the Kubernetes source does too.
+// Service's endpoints. For the manifest source only: a Service stored
+// before the API server checked them keeps such an entry for as long as
+// it is never updated (ValidateService's existingExternalIPs exempts an
+// existing entry from the format check, IsValidIPForLegacyField, only;
+// ValidateEndpointIP runs on every entry on create and update alike),
+// and kube-proxy serves it, so the Kubernetes source does too.
 func CheckExternalIPs(svc *corev1.Service) error {
 	for i, a := range svc.Spec.ExternalIPs {
 		ip, ok := parseIPSloppy(a)

@@ -1,0 +1,75 @@
+package datapath
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+var _ reconciler.UDPFlowReader = (*Maps)(nil)
+
+// UDPFlowBackends returns, per frontend address the UDP flows of the
+// conntrack tables (established and new, of both families) were sent
+// to, the backends they are translated to: of each live forward entry
+// (the client's tuple), its destination and its NAT address, unsorted
+// and without duplicates. The reconciler's Restore rebuilds from it
+// which backends the flows of removed UDP frontends use
+// (pkg/reconciler/udpretired.go). Entries change under the walk: it is a
+// snapshot of each entry, not of the tables.
+func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
+	now, err := monotonicNow()
+	if err != nil {
+		return nil, fmt.Errorf("read the clock: %w", err)
+	}
+	out := map[model.L4Addr][]model.L4Addr{}
+	seen := map[[2]model.L4Addr]bool{}
+	add := func(fe, be netip.AddrPort) {
+		f := model.L4Addr{Addr: fe.Addr(), Port: fe.Port(), Proto: model.UDP}
+		b := model.L4Addr{Addr: be.Addr(), Port: be.Port(), Proto: model.UDP}
+		if k := [2]model.L4Addr{f, b}; !seen[k] {
+			seen[k] = true
+			out[f] = append(out[f], b)
+		}
+	}
+	for _, t := range []struct {
+		name string
+		m    *ebpf.Map
+		v6   bool
+	}{{mapConntrack, m.conntrack, false}, {mapCTNew, m.ctNew, false}, {mapConntrack6, m.conntrack6, true}, {mapCTNew6, m.ctNew6, true}} {
+		if t.m == nil {
+			continue
+		}
+		if t.v6 {
+			err = udpForwardEntries[tcCt6Key, tcCt6Entry](t.m, now, add)
+		} else {
+			err = udpForwardEntries[sockCt4Key, sockCt4Entry](t.m, now, add)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", t.name, err)
+		}
+	}
+	return out, nil
+}
+
+// udpForwardEntries gives add the destination and NAT address of every
+// live forward entry of a UDP flow in the conntrack table m, of key type
+// K and value type V (an expired or lapsed one is no flow the datapath
+// follows).
+func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort)) error {
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		_, dst, proto, dir := k.tuple()
+		w := v.view()
+		if proto != uint8(model.UDP) || dir != ctForward || int64(w.expires-now) <= 0 {
+			continue
+		}
+		add(dst, w.nat)
+	}
+	return it.Err()
+}

@@ -1,0 +1,56 @@
+package datapath
+
+import (
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// TestUDPFlowBackends: the backends of the UDP flows conntrack holds,
+// per frontend, read from the forward entries of both families' tables:
+// two clients' flows to a ClusterIP through its two backends (a backend
+// once however many flows use it), none from the reverse entries (their
+// destination is a client) nor from a flow whose entry expired.
+func TestUDPFlowBackends(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := twinOf(v6), twinL4(v6, vipUDP)
+		testutil.Privileged(t)
+		d := openTest(t, smallConfig(testPinDir(t)))
+		m := d.Maps()
+		b1, b2 := l4(a("10.1.3.1"), 5353, model.UDP), l4(a("10.1.3.2"), 5353, model.UDP)
+		addService(t, m, 1, vip, testBackend{31, b1})
+		// Each client's first datagrams go to b1; then b2 alone serves
+		// and a new flow of each goes there.
+		for _, port := range []uint16{42001, 42002} {
+			for _, client := range []string{"10.0.0.4", "10.0.0.5"} {
+				runProg(t, d.TCIngress(), udpDgram(a(client), port, a("10.96.0.11"), 53).Bytes())
+			}
+		}
+		addService(t, m, 1, vip, testBackend{32, b2})
+		runProg(t, d.TCIngress(), udpDgram(a("10.0.0.4"), 42003, a("10.96.0.11"), 53).Bytes())
+		// An expired flow of another frontend's.
+		other := twinL4(v6, l4("10.96.0.12", 53, model.UDP))
+		addService(t, m, 2, other, testBackend{33, l4(a("10.1.3.3"), 5353, model.UDP)})
+		runProg(t, d.TCIngress(), udpDgram(a("10.0.0.4"), 42004, a("10.96.0.12"), 53).Bytes())
+		expire := ctKeyOf(a("10.0.0.4"), 42004, a("10.96.0.12"), 53, model.UDP, ctForward)
+		if _, ok := ctLookup(t, m, expire); !ok {
+			t.Fatalf("no conntrack entry %+v: the test proves nothing", expire)
+		}
+		ctSetSeen(t, m, expire, -time.Hour)
+		got, err := m.UDPFlowBackends()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for fe := range got {
+			slices.SortFunc(got[fe], model.L4Addr.Compare)
+		}
+		want := map[model.L4Addr][]model.L4Addr{vip: {b1, b2}}
+		if !maps.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("UDPFlowBackends() = %v, want %v", got, want)
+		}
+	})
+}
