@@ -469,7 +469,7 @@ var (
 	fillDesc = prometheus.NewDesc(namespace+"_map_fill_ratio",
 		"Fraction of a BPF map's capacity in use.", []string{"map"}, nil)
 	retiredDesc = prometheus.NewDesc(namespace+"_retired_frontends",
-		"Removed TCP frontends whose masters are kept retired for their established flows (until the TCP established timeout); each holds a service id and a service map entry.", nil, nil)
+		"Removed TCP and UDP frontends whose masters are kept retired for their established flows (until the TCP established timeout or the UDP timeout); each holds a service id and a service map entry.", nil, nil)
 	unprogrammedDesc = prometheus.NewDesc(namespace+"_service_unprogrammed_frontends",
 		"Frontends of a Service port the last sync could not program, by reason: capacity or invalid (permanent: retried when the desired state changes) or write (retried with backoff). Only failing Service ports have a series.",
 		[]string{"service", "reason"}, nil)
