@@ -179,6 +179,22 @@ func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
 // flows) differs from the count by that much every time, the same way
 // under a flood, and would be "corrected" every other pass, biasing the
 // count below the truth; a leak that matters is larger.
+//
+// The band cannot go with what a collection sees today. Reading the count
+// before the walk too, and tallying what the pass's own reaps take off,
+// bounds a drift only while the churn goes one way: with only arrivals
+// (a flood), before - reaped - found <= drift <= after - found; with only
+// departures, the other way round. Both ways at once defeat every rule
+// over those four numbers: a flow counted at the start whose client's
+// ACK takes it off before the cursor reaches it, and a new flow counted
+// behind the cursor, read as before 1, after 1, found 0, reaped 0, which
+// an idle node with one flow leaked reads too, pass after pass; so a rule
+// that corrects that leak takes a right count of a busy node below the
+// truth. A band-free rule needs tallies of the flows counted (arrivals)
+// and taken off by others than the pass (departures) during the walk,
+// monotonic, kept beside ct_admit_add; they bound what the pass cannot
+// see: drift >= max(before - reaped - found - departures,
+// after - found - arrivals), whatever the interleaving.
 type halfOpenDrift struct {
 	mu   sync.Mutex // held by GCConntrack
 	last [2]int64
