@@ -484,3 +484,43 @@ func TestUDPHeldBackendsFreed(t *testing.T) {
 		t.Error("the maps do not match the view")
 	}
 }
+
+// TestUDPHeldBackendsWantedNotFreeable: a new frontend short of backend
+// entries by more than freeing the retired masters would give leaves
+// them (a TCP one too) their flows: the backends a retired UDP master
+// holds that the new frontend wants itself stay whatever goes, so they
+// are no room. Before, freeable counted them: the check freed every
+// retired master, and the frontend was refused all the same.
+func TestUDPHeldBackendsWantedNotFreeable(t *testing.T) {
+	f, c := newFakeSized(t, 32, 4, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	tcp := svc(vip(2), "tcp", be(7, 1, model.TCP))
+	mustApply(t, r, state(append(udpLB(false, b1, b2), tcp)...))
+	mustApply(t, r, state())
+	cip := udpLB(false)[0].Frontend
+	for _, fe := range []model.L4Addr{cip, tcp.Frontend} {
+		if m, ok := masterOf(t, f, fe); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master of %s: %+v (present %v), want it retired", fe, m, ok)
+		}
+	}
+	if got, want := backendAddrs(t, f), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(got, want) {
+		t.Fatalf("backend entries %v, want %v (held for the UDP flows)", got, want)
+	}
+	// It wants b1 and b2 (held, in the map) and three more: one short
+	// of a map of 4, and freeing the retired masters frees none of the
+	// backends it wants.
+	web := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "web",
+		b1, b2, be(6, 1, model.UDP), be(6, 2, model.UDP), be(6, 3, model.UDP))
+	if err := r.Apply(state(web)); !errors.Is(err, reconciler.ErrCapacity) {
+		t.Fatalf("Apply of a Service that cannot fit: %v, want ErrCapacity", err)
+	}
+	for _, fe := range []model.L4Addr{cip, tcp.Frontend} {
+		if m, ok := masterOf(t, f, fe); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Errorf("master of %s after the refused Service: %+v (present %v), want it retired still", fe, m, ok)
+		}
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v, want nothing", fl)
+	}
+}
