@@ -15,22 +15,31 @@ var _ reconciler.UDPFlowReader = (*Maps)(nil)
 // UDPFlowBackends returns, per frontend address the UDP flows of the
 // conntrack tables (established and new, of both families) were sent
 // to, the backends they are translated to: of each live forward entry
-// (the client's tuple), its destination and its NAT address, unsorted
+// (the client's tuple), its destination, its NAT address and the backend
+// id it names (the reconciler keeps a flow only while that id names
+// that address, as the datapath follows it: ct_fwd_usable), unsorted
 // and without duplicates. The reconciler's Restore rebuilds from it
 // which backends the flows of removed UDP frontends use
 // (pkg/reconciler/udpretired.go). Entries change under the walk: it is a
 // snapshot of each entry, not of the tables.
-func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
+func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return nil, fmt.Errorf("read the clock: %w", err)
 	}
-	out := map[model.L4Addr][]model.L4Addr{}
-	seen := map[[2]model.L4Addr]bool{}
-	add := func(fe, be netip.AddrPort) {
+	out := map[model.L4Addr][]reconciler.UDPFlowBackend{}
+	type flow struct {
+		fe model.L4Addr
+		be reconciler.UDPFlowBackend
+	}
+	seen := map[flow]bool{}
+	add := func(fe, be netip.AddrPort, id uint32) {
 		f := model.L4Addr{Addr: fe.Addr(), Port: fe.Port(), Proto: model.UDP}
-		b := model.L4Addr{Addr: be.Addr(), Port: be.Port(), Proto: model.UDP}
-		if k := [2]model.L4Addr{f, b}; !seen[k] {
+		b := reconciler.UDPFlowBackend{
+			Addr: model.L4Addr{Addr: be.Addr(), Port: be.Port(), Proto: model.UDP},
+			ID:   reconciler.BackendID(id),
+		}
+		if k := (flow{f, b}); !seen[k] {
 			seen[k] = true
 			out[f] = append(out[f], b)
 		}
@@ -55,11 +64,11 @@ func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
 	return out, nil
 }
 
-// udpForwardEntries gives add the destination and NAT address of every
-// live forward entry of a UDP flow in the conntrack table m, of key type
-// K and value type V (an expired or lapsed one is no flow the datapath
-// follows).
-func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort)) error {
+// udpForwardEntries gives add the destination, NAT address and backend
+// id of every live forward entry of a UDP flow in the conntrack table m,
+// of key type K and value type V (an expired or lapsed one is no flow
+// the datapath follows).
+func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort, id uint32)) error {
 	var k K
 	var v V
 	it := m.Iterate()
@@ -69,7 +78,7 @@ func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe,
 		if proto != uint8(model.UDP) || dir != ctForward || int64(w.expires-now) <= 0 {
 			continue
 		}
-		add(dst, w.nat)
+		add(dst, w.nat, w.backendID)
 	}
 	return it.Err()
 }

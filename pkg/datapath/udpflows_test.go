@@ -8,12 +8,14 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // TestUDPFlowBackends: the backends of the UDP flows conntrack holds,
 // per frontend, read from the forward entries of both families' tables:
-// two clients' flows to a ClusterIP through its two backends (a backend
-// once however many flows use it), none from the reverse entries (their
+// two clients' flows to a ClusterIP through its two backends, each with
+// the backend id its entries name (a backend once however many flows use
+// it), none from the reverse entries (their
 // destination is a client) nor from a flow whose entry expired.
 func TestUDPFlowBackends(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
@@ -46,9 +48,9 @@ func TestUDPFlowBackends(t *testing.T) {
 			t.Fatal(err)
 		}
 		for fe := range got {
-			slices.SortFunc(got[fe], model.L4Addr.Compare)
+			slices.SortFunc(got[fe], func(x, y reconciler.UDPFlowBackend) int { return x.Addr.Compare(y.Addr) })
 		}
-		want := map[model.L4Addr][]model.L4Addr{vip: {b1, b2}}
+		want := map[model.L4Addr][]reconciler.UDPFlowBackend{vip: {{Addr: b1, ID: 31}, {Addr: b2, ID: 32}}}
 		if !maps.EqualFunc(got, want, slices.Equal) {
 			t.Errorf("UDPFlowBackends() = %v, want %v", got, want)
 		}

@@ -524,3 +524,50 @@ func TestUDPHeldBackendsWantedNotFreeable(t *testing.T) {
 		t.Errorf("flushed %v, want nothing", fl)
 	}
 }
+
+// TestUDPRestoreStaleFlow: a conntrack entry whose backend id no longer
+// names its address (the backend's entry deleted, and the agent gone
+// before the flush) is no flow the datapath follows (ct_fwd_usable): a
+// restart does not record it, and a later claim of the address does not
+// flush that address (a pod may have taken it since). Before, Restore
+// took every live entry: the retired master's record held b2, and the
+// claim flushed it.
+func TestUDPRestoreStaleFlow(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+	mustApply(t, r, state(udpLB(false, b1)...))
+	// The agent stops; b2's entry goes behind its back, its flows not
+	// flushed (a crash between DeleteBackend and the flush).
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id2 reconciler.BackendID
+	for id, a := range ks.Backends {
+		if a == b2.L4Addr {
+			id2 = id
+		}
+	}
+	if id2 == 0 {
+		t.Fatalf("no backend entry of %s (held for its flows): %v", b2.L4Addr, ks.Backends)
+	}
+	if err := f.DeleteBackend(id2); err != nil {
+		t.Fatal(err)
+	}
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	want := []model.L4Addr{b1.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the restart: record %+v, want %v held (%s's entry names a backend gone)", rec, want, b2.L4Addr)
+	}
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
+	if fl := f.Flushed(); !slices.Equal(fl, want) {
+		t.Errorf("flushed %v when another Service took the address, want %v", fl, want)
+	}
+}

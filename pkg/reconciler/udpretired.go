@@ -239,7 +239,9 @@ func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
 // retirement), those at an address without a master an unheld one (for
 // a later claim), and those at a live master's are kept for its
 // retirement before its first program (restoredFlows). A failed read is
-// logged and leaves the records empty, as before they were read.
+// logged and leaves the records empty, as before they were read. A flow
+// counts only while the datapath follows it: its entry's backend id
+// names its backend's address in the maps.
 func (r *Reconciler) restoreUDPFlows() {
 	rd, ok := r.dp.(UDPFlowReader)
 	if !ok || r.retireUDPAfter <= 0 {
@@ -251,11 +253,21 @@ func (r *Reconciler) restoreUDPFlows() {
 		return
 	}
 	now := r.clock()
-	for addr, bs := range flows {
+	for addr, fbs := range flows {
 		if addr.Proto != model.UDP || r.udpFlows[addr] != nil {
 			continue
 		}
-		bs = slices.DeleteFunc(slices.Clone(bs), func(a model.L4Addr) bool { return a.Proto != model.UDP })
+		// Only the flows the datapath still follows (ct_fwd_usable):
+		// an entry whose backend id no longer names its address (the
+		// backend deleted, and the agent gone before its flush) is none,
+		// and a record of it would flush, at a later claim, a pod that
+		// took the address since.
+		var bs []model.L4Addr
+		for _, b := range fbs {
+			if a, ok := r.backend(b.ID); ok && a == b.Addr && a.Proto == model.UDP {
+				bs = append(bs, a)
+			}
+		}
 		slices.SortFunc(bs, model.L4Addr.Compare)
 		if bs = slices.Compact(bs); len(bs) == 0 {
 			continue
