@@ -17,11 +17,28 @@ import (
 // the backend id its entries name (a backend once however many flows use
 // it), none from the reverse entries (their
 // destination is a client) nor from a flow whose entry expired.
+//
+// Run twice: as configured by default (the flows, half-open, in
+// sluice_conntrack) and with CTHalfOpenMax negative (every new flow in
+// sluice_ct_new, the LRU, until its first reply), so that both tables
+// are read.
 func TestUDPFlowBackends(t *testing.T) {
+	for _, allNew := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Conntrack", true: "CTNew"}[allNew], func(t *testing.T) {
+			testUDPFlowBackends(t, allNew)
+		})
+	}
+}
+
+func testUDPFlowBackends(t *testing.T, allNew bool) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a, vip := twinOf(v6), twinL4(v6, vipUDP)
 		testutil.Privileged(t)
-		d := openTest(t, smallConfig(testPinDir(t)))
+		d := openTestWith(t, smallConfig, func(c *Config) {
+			if allNew {
+				c.CTHalfOpenMax = -1
+			}
+		})
 		m := d.Maps()
 		b1, b2 := l4(a("10.1.3.1"), 5353, model.UDP), l4(a("10.1.3.2"), 5353, model.UDP)
 		addService(t, m, 1, vip, testBackend{31, b1})
@@ -43,6 +60,23 @@ func TestUDPFlowBackends(t *testing.T) {
 			t.Fatalf("no conntrack entry %+v: the test proves nothing", expire)
 		}
 		ctSetSeen(t, m, expire, -time.Hour)
+		// The table the flows are in: the run reads the one it means to.
+		flow := ctKeyOf(a("10.0.0.4"), 42003, a("10.96.0.11"), 53, model.UDP, ctForward)
+		newTable := m.ctNew
+		if v6 {
+			newTable = m.ctNew6
+		}
+		var inNew bool
+		if v6 {
+			k, v := flow.k6(), tcCt6Entry{}
+			inNew = newTable.Lookup(&k, &v) == nil
+		} else {
+			k, v := flow.k4(), sockCt4Entry{}
+			inNew = newTable.Lookup(&k, &v) == nil
+		}
+		if _, ok := ctLookup(t, m, flow); !ok || inNew != allNew {
+			t.Fatalf("flow %+v: present %v, in the new flows' table %v, want %v: the test proves nothing", flow, ok, inNew, allNew)
+		}
 		got, err := m.UDPFlowBackends()
 		if err != nil {
 			t.Fatal(err)

@@ -194,7 +194,8 @@ type Datapath interface {
 // address and port) and the backend it is translated to, with the
 // backend id the entry names. Restore reads it, when removed UDP
 // frontends are retired, to rebuild what a restart would forget: which
-// backends a removed frontend's flows use (udpretired.go).
+// backends a removed frontend's flows use (udpretired.go). With an
+// error it returns what it could read (nil if nothing).
 type UDPFlowReader interface {
 	UDPFlowBackends() (map[model.L4Addr][]UDPFlowBackend, error)
 }

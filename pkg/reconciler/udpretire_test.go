@@ -571,3 +571,30 @@ func TestUDPRestoreStaleFlow(t *testing.T) {
 		t.Errorf("flushed %v when another Service took the address, want %v", fl, want)
 	}
 }
+
+// TestUDPRestorePartialRead: a read of conntrack that fails part way (a
+// table whose walk a flood aborted) still gives Restore the flows it
+// read: the retired master's record holds them. Before, any error
+// discarded every table's flows, and b2 was deleted and flushed at the
+// first sync.
+func TestUDPRestorePartialRead(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+	mustApply(t, r, state(udpLB(false, b1)...))
+	f.SetUDPFlowsErr(errors.New("read sluice6_ct_new: iteration aborted"))
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	want := []model.L4Addr{b1.L4Addr, b2.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the restart: record %+v, want %v held", rec, want)
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v at the first sync after the restart, want nothing", fl)
+	}
+}

@@ -239,7 +239,8 @@ func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
 // retirement), those at an address without a master an unheld one (for
 // a later claim), and those at a live master's are kept for its
 // retirement before its first program (restoredFlows). A failed read is
-// logged and leaves the records empty, as before they were read. A flow
+// logged; what it read is used (a table the datapath could not read to
+// its end, the others), the rest left unknown, as before they were read. A flow
 // counts only while the datapath follows it: its entry's backend id
 // names its backend's address in the maps.
 func (r *Reconciler) restoreUDPFlows() {
@@ -249,8 +250,10 @@ func (r *Reconciler) restoreUDPFlows() {
 	}
 	flows, err := rd.UDPFlowBackends()
 	if err != nil {
-		r.log.Warn("Failed to read the backends of UDP flows from conntrack: removed frontends' flows are not known", "error", err)
-		return
+		// What was read is used: a flow missed is one whose backend
+		// is not held, as before the tables were read.
+		r.log.Warn("Failed to read the backends of all UDP flows from conntrack: the flows of removed frontends not read are not known",
+			"error", err, "frontends", len(flows))
 	}
 	now := r.clock()
 	for addr, fbs := range flows {

@@ -167,6 +167,7 @@ type Fake struct {
 	// udpFlows: the UDP flows the datapath's conntrack would hold, per
 	// frontend (SetUDPFlows): the backends they use.
 	udpFlows   map[model.L4Addr][]reconciler.UDPFlowBackend
+	udpErr     error
 	fixed      []reconciler.AffinityFix
 	violations []string
 }
@@ -228,7 +229,16 @@ func (f *Fake) SetUDPFlows(flows map[model.L4Addr][]model.L4Addr) {
 	}
 }
 
-// UDPFlowBackends returns the flows SetUDPFlows set that no flush ended.
+// SetUDPFlowsErr makes UDPFlowBackends return err with the flows (a read
+// that failed part way, the flows read so far); nil, none.
+func (f *Fake) SetUDPFlowsErr(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.udpErr = err
+}
+
+// UDPFlowBackends returns the flows SetUDPFlows set that no flush ended,
+// with the error SetUDPFlowsErr set.
 func (f *Fake) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -236,7 +246,7 @@ func (f *Fake) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, 
 	for fe, bs := range f.udpFlows {
 		out[fe] = slices.Clone(bs)
 	}
-	return out, nil
+	return out, f.udpErr
 }
 
 // write makes one map operation, with f.mu held: Fail may refuse it
