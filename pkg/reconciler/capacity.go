@@ -384,7 +384,7 @@ func (r *Reconciler) freeable() sizes {
 		if evictable[a] < refs || want[a] {
 			continue
 		}
-		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) {
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) && !r.restoredHeld(a) {
 			n.backends[familyOf(a.Addr)]++
 		}
 	}

@@ -598,3 +598,69 @@ func TestUDPRestorePartialRead(t *testing.T) {
 		t.Errorf("flushed %v at the first sync after the restart, want nothing", fl)
 	}
 }
+
+// TestUDPStandbyHeldAfterRetry: the backends only a Service's standby
+// set names (b3: serving, terminating) are held at a retirement even
+// when the view lost its Service: after a restart whose first
+// retirement failed (the flows Restore read kept for the retry), and
+// after a rebuild of the view (the Service carried over a master the
+// dump shows unchanged). Before, the first Apply dropped the restored
+// flows whatever happened (and nothing kept b3's entry through the
+// failed Apply), and a rebuild forgot every view's Service: b3 was
+// deleted and flushed.
+func TestUDPStandbyHeldAfterRetry(t *testing.T) {
+	b1, b3 := be(5, 1, model.UDP), be(5, 3, model.UDP)
+	// standby programs udpLB's ClusterIP and the LoadBalancer IP with
+	// b1 serving and b3 standby (it served them before).
+	standby := func(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler) {
+		t.Helper()
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b3))...))
+		lb := lbService("dns", b1)
+		lb.Standby = []model.L4Addr{b3.L4Addr}
+		mustApply(t, r, state(append(udpLB(false, b1), lb)...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b3.L4Addr}})
+	}
+	// retired checks that the LoadBalancer IP is retired and b3 held.
+	retired := func(t *testing.T, f *fakedp.Fake) {
+		t.Helper()
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v at the retirement, want nothing (%s held for its flows)", fl, b3.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Errorf("backend entries %v, want %s held", got, b3.L4Addr)
+		}
+	}
+	t.Run("RestoreRetireFailed", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		standby(t, f, newUDPRetiring(f, c))
+		r := newUDPRetiring(f, c)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		f.Fail = func(op fakedp.Op) error {
+			if op.Kind == fakedp.OpUpsertMaster && op.Frontend.L4Addr == udpLBIP {
+				return errors.New("EIO")
+			}
+			return nil
+		}
+		if err := r.Apply(state(udpLB(false, b1)...)); err == nil {
+			t.Fatal("Apply with the retired master's write failing: no error")
+		}
+		f.Fail = nil
+		mustApply(t, r, state(udpLB(false, b1)...))
+		retired(t, f)
+	})
+	t.Run("Rebuilt", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		standby(t, f, r)
+		if err := reconciler.Refresh(r); err != nil {
+			t.Fatal(err)
+		}
+		mustApply(t, r, state(udpLB(false, b1)...))
+		retired(t, f)
+	})
+}

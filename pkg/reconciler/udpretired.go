@@ -116,7 +116,36 @@ func (r *Reconciler) holdUDPFlows(fe Frontend, v *frontendView) {
 	for _, a := range rec.backends {
 		r.heldRefs[a]++
 	}
+	// Held now (or, with a Service, its standby backends named).
+	r.dropRestoredFlows(fe.L4Addr)
 }
+
+// dropRestoredFlows forgets the flows Restore read at addr
+// (restoredFlows): a backend nothing else keeps becomes a candidate for
+// deletion.
+func (r *Reconciler) dropRestoredFlows(addr model.L4Addr) {
+	bs, ok := r.restoredFlows[addr]
+	if !ok {
+		return
+	}
+	delete(r.restoredFlows, addr)
+	for _, a := range bs {
+		n := r.restoredRefs[a] - 1
+		if n > 0 {
+			r.restoredRefs[a] = n
+			continue
+		}
+		delete(r.restoredRefs, a)
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) && !r.heldForFlows(a) {
+			r.backendCand[id] = true
+		}
+	}
+}
+
+// restoredHeld says whether the flows Restore read at a live master's
+// address name backend a (its entry is kept until they are used or
+// dropped).
+func (r *Reconciler) restoredHeld(a model.L4Addr) bool { return r.restoredRefs[a] > 0 }
 
 // releaseUDPFlows lets go of the entries rec holds: a backend nothing
 // else keeps becomes a candidate for deletion (which flushes its flows:
@@ -255,6 +284,7 @@ func (r *Reconciler) restoreUDPFlows() {
 		r.log.Warn("Failed to read the backends of all UDP flows from conntrack: the flows of removed frontends not read are not known",
 			"error", err, "frontends", len(flows))
 	}
+	r.restoredFlows, r.restoredRefs = nil, nil
 	now := r.clock()
 	for addr, fbs := range flows {
 		if addr.Proto != model.UDP || r.udpFlows[addr] != nil {
@@ -279,8 +309,12 @@ func (r *Reconciler) restoreUDPFlows() {
 		case v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0:
 			if r.restoredFlows == nil {
 				r.restoredFlows = map[model.L4Addr][]model.L4Addr{}
+				r.restoredRefs = map[model.L4Addr]int32{}
 			}
 			r.restoredFlows[addr] = bs
+			for _, a := range bs {
+				r.restoredRefs[a]++
+			}
 		case v != nil && v.hasMaster:
 			r.udpFlows[addr] = &udpFlows{backends: bs, held: true}
 			for _, a := range bs {
