@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -15,26 +16,41 @@ var _ reconciler.UDPFlowReader = (*Maps)(nil)
 // UDPFlowBackends returns, per frontend address the UDP flows of the
 // conntrack tables (established and new, of both families) were sent
 // to, the backends they are translated to: of each live forward entry
-// (the client's tuple), its destination and its NAT address, unsorted
+// (the client's tuple), its destination, its NAT address and the backend
+// id it names (the reconciler keeps a flow only while that id names
+// that address, as the datapath follows it: ct_fwd_usable), unsorted
 // and without duplicates. The reconciler's Restore rebuilds from it
 // which backends the flows of removed UDP frontends use
 // (pkg/reconciler/udpretired.go). Entries change under the walk: it is a
-// snapshot of each entry, not of the tables.
-func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
+// snapshot of each entry, not of the tables. A table that cannot be read
+// to its end is an error, which the flows read (of it so far, and of the
+// other tables) come with.
+func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return nil, fmt.Errorf("read the clock: %w", err)
 	}
-	out := map[model.L4Addr][]model.L4Addr{}
-	seen := map[[2]model.L4Addr]bool{}
-	add := func(fe, be netip.AddrPort) {
+	out := map[model.L4Addr][]reconciler.UDPFlowBackend{}
+	type flow struct {
+		fe model.L4Addr
+		be reconciler.UDPFlowBackend
+	}
+	seen := map[flow]bool{}
+	add := func(fe, be netip.AddrPort, id uint32) {
 		f := model.L4Addr{Addr: fe.Addr(), Port: fe.Port(), Proto: model.UDP}
-		b := model.L4Addr{Addr: be.Addr(), Port: be.Port(), Proto: model.UDP}
-		if k := [2]model.L4Addr{f, b}; !seen[k] {
+		b := reconciler.UDPFlowBackend{
+			Addr: model.L4Addr{Addr: be.Addr(), Port: be.Port(), Proto: model.UDP},
+			ID:   reconciler.BackendID(id),
+		}
+		if k := (flow{f, b}); !seen[k] {
 			seen[k] = true
 			out[f] = append(out[f], b)
 		}
 	}
+	// Each table on its own: one that fails (an LRU under a flood
+	// whose walk is aborted) leaves the others' flows, and its own read
+	// so far, in the result.
+	var errs []error
 	for _, t := range []struct {
 		name string
 		m    *ebpf.Map
@@ -49,27 +65,53 @@ func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
 			err = udpForwardEntries[sockCt4Key, sockCt4Entry](t.m, now, add)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", t.name, err)
+			errs = append(errs, fmt.Errorf("read %s: %w", t.name, err))
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
-// udpForwardEntries gives add the destination and NAT address of every
-// live forward entry of a UDP flow in the conntrack table m, of key type
-// K and value type V (an expired or lapsed one is no flow the datapath
-// follows).
-func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort)) error {
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+// udpForwardEntries gives add the destination, NAT address and backend
+// id of every live forward entry of a UDP flow in the conntrack table m,
+// of key type K and value type V (an expired or lapsed one is no flow
+// the datapath follows).
+//
+// It reads the table in batches (countBatch entries a system call, as
+// countEntries does), one key at a time only where the kernel has no
+// batch lookup: a table of a million entries is then a few hundred
+// calls, not two million, and a batch walk goes on through entries
+// changing under it, where Iterate gives up on a busy LRU
+// (ErrIterationAborted).
+func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort, id uint32)) error {
+	visit := func(k K, v V) {
 		_, dst, proto, dir := k.tuple()
 		w := v.view()
 		if proto != uint8(model.UDP) || dir != ctForward || int64(w.expires-now) <= 0 {
-			continue
+			return
 		}
-		add(dst, w.nat)
+		add(dst, w.nat, w.backendID)
 	}
-	return it.Err()
+	batch := min(countBatch, int(m.MaxEntries()))
+	keys, vals := make([]K, batch), make([]V, batch)
+	var cursor ebpf.MapBatchCursor
+	for first := true; ; first = false {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			visit(keys[i], vals[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil
+		case first && n == 0 && errors.Is(err, ebpf.ErrNotSupported):
+			var k K
+			var v V
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				visit(k, v)
+			}
+			return it.Err()
+		case err != nil:
+			return err
+		}
+	}
 }

@@ -347,10 +347,13 @@ func (s sizes) sub(t sizes) sizes {
 // freeable is at most what freeRetired can free: a service id and a
 // service entry (its master) per retired master the Apply's services do
 // not want, a service id per rev_nat entry waiting for phase 3, and a
-// backend entry per backend that only retired UDP masters hold for their
-// flows (udpretired.go: no slot names it, no Service holds it standby;
-// an upper bound, as one the Apply wants or a wanted retired master
-// holds stays).
+// backend entry per backend that only retired UDP masters freeRetired
+// deletes hold for their flows (udpretired.go): no slot names it, no
+// Service holds it standby, the Apply's changed frontends do not want it
+// (deleteUnusedBackends keeps it), and every held record naming it is at
+// a retired master the Apply does not want (freeRetired keeps one it
+// wants: its hold stays). Counting those too made a frontend short of
+// backends free every retired master, TCP ones too, and still be refused.
 func (r *Reconciler) freeable() sizes {
 	var n sizes
 	for fe := range r.retiredAt {
@@ -360,8 +363,28 @@ func (r *Reconciler) freeable() sizes {
 		}
 	}
 	n.services += len(r.revNatCand)
-	for a := range r.heldRefs {
-		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) {
+	if len(r.heldRefs) == 0 {
+		return n
+	}
+	// evictable counts, per backend, the held records naming it whose
+	// retired master freeRetired deletes.
+	evictable := make(map[model.L4Addr]int32, len(r.heldRefs))
+	for addr, rec := range r.udpFlows {
+		if rec.held && !wanted(r.applying, DefaultScope(addr)) {
+			for _, a := range rec.backends {
+				evictable[a]++
+			}
+		}
+	}
+	var want map[model.L4Addr]bool
+	if r.applyingWant != nil {
+		want = r.applyingWant()
+	}
+	for a, refs := range r.heldRefs {
+		if evictable[a] < refs || want[a] {
+			continue
+		}
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) && !r.restoredHeld(a) {
 			n.backends[familyOf(a.Addr)]++
 		}
 	}

@@ -191,12 +191,22 @@ type Datapath interface {
 // UDPFlowReader is a Datapath that can say which backends the UDP flows
 // its conntrack holds use, per frontend: of every live forward entry of
 // a UDP flow (the client's tuple), its destination (the frontend's
-// address and port) and the backend it is translated to. Restore reads
-// it, when removed UDP frontends are retired, to rebuild what a restart
-// would forget: which backends a removed frontend's flows use
-// (udpretired.go).
+// address and port) and the backend it is translated to, with the
+// backend id the entry names. Restore reads it, when removed UDP
+// frontends are retired, to rebuild what a restart would forget: which
+// backends a removed frontend's flows use (udpretired.go). With an
+// error it returns what it could read (nil if nothing).
 type UDPFlowReader interface {
-	UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error)
+	UDPFlowBackends() (map[model.L4Addr][]UDPFlowBackend, error)
+}
+
+// UDPFlowBackend is the backend a UDP flow's forward conntrack entry
+// translates it to: its address (the entry's NAT address) and the
+// backend id the entry names. The datapath follows the entry only while
+// that id's backend entry holds that address (ct_fwd_usable).
+type UDPFlowBackend struct {
+	Addr model.L4Addr
+	ID   BackendID
 }
 
 // BatchDatapath writes many entries of one map in one operation

@@ -40,3 +40,11 @@ type UDPFlowRecord struct {
 	Backends []model.L4Addr
 	Held     bool
 }
+
+// Refresh rebuilds r's view from a dump of the maps, as an Apply does
+// when its re-read finds drift it cannot repair entry by entry.
+func Refresh(r *Reconciler) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refresh()
+}

@@ -45,11 +45,13 @@ func (r *Reconciler) releaseReservations(services model.Services, want func() ma
 // slot (or never got one), unless a frontend being programmed wants their
 // address (want, made on first use) under that id, or a frontend's Service
 // holds it in standby (standby.go: its flows name it), or a retired UDP
-// master holds it for its flows (udpretired.go). A UDP backend whose
-// entry goes is served by nothing (no slot, no standby): its flows are
-// flushed, however it came to go (its Service deleted, an agent restart
-// or a rebuild of the view that found it gone), as kube-proxy's go once
-// their endpoint no longer serves.
+// master holds it for its flows, or the flows Restore read at a live UDP
+// master name it until that master is retired or programmed
+// (udpretired.go). A UDP backend whose entry goes is served by nothing
+// (no slot, no standby): its flows are flushed, however it came to go
+// (its Service deleted, an agent restart or a rebuild of the view that
+// found it gone), as kube-proxy's go once their endpoint no longer
+// serves.
 func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
@@ -57,7 +59,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
 		wanted: func(a model.L4Addr) bool { return want()[a] },
-		held:   func(a model.L4Addr) bool { return r.standby(a) || r.heldForFlows(a) },
+		held:   func(a model.L4Addr) bool { return r.standby(a) || r.heldForFlows(a) || r.restoredHeld(a) },
 		deleted: func(a model.L4Addr) {
 			r.nbackends[familyOf(a.Addr)]--
 			// A stray duplicate's delete (the address's entry is another

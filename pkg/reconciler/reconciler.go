@@ -259,8 +259,13 @@ type Reconciler struct {
 	// restoredFlows: the backends the conntrack flows to each live UDP
 	// master's address used at Restore (restoreUDPFlows), for its
 	// retirement before its first program (holdUDPFlows: no Service
-	// names its standby backends then); dropped by the first Apply.
+	// names its standby backends then). An address's go when they are
+	// used or its default scope's view gets a Service (setService), the
+	// rest once an Apply ends in sync. Until then their backends'
+	// entries are kept (restoredRefs counts the addresses naming each),
+	// so that a retirement that fails and is retried still finds them.
 	restoredFlows map[model.L4Addr][]model.L4Addr
+	restoredRefs  map[model.L4Addr]int32
 	// The services of the Apply under way, for freeRetired (the
 	// capacity check): nil outside Apply.
 	applying model.Services
@@ -478,7 +483,17 @@ func (r *Reconciler) Apply(st *model.State) error {
 		services = st.Services
 	}
 	r.applying = services
-	defer func() { r.applying, r.applyingWant, r.restoredFlows = model.Services{}, nil, nil }()
+	defer func() {
+		r.applying, r.applyingWant = model.Services{}, nil
+		// The restored flows not used (holdUDPFlows) nor replaced by a
+		// Service (setService) once every master is as wanted: a
+		// failed retirement retried by the next Apply still has them.
+		if r.inSync {
+			for addr := range r.restoredFlows {
+				r.dropRestoredFlows(addr)
+			}
+		}
+	}()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which

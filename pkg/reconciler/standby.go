@@ -43,7 +43,8 @@ func hasBackend(bs []model.Backend, a model.L4Addr) bool {
 }
 
 // setService points v, frontend fe's view, at svc (nil: v goes), keeping
-// standbyRefs and udpNamed in step. A backend svc no longer holds in
+// standbyRefs and udpNamed in step (and dropping the flows Restore read
+// at a default scope that gets a Service: restoredFlows). A backend svc no longer holds in
 // standby nor serves is flushed: it stopped serving while it had no slot
 // here (or lost one at the same time, and programFrontend flushed it
 // too); and, if nothing else keeps it, its backend entry becomes a
@@ -53,6 +54,10 @@ func (r *Reconciler) setService(fe Frontend, v *frontendView, svc *model.Service
 	v.svc = svc
 	if old == svc {
 		return
+	}
+	if svc != nil && fe.Scope == ScopeDefault && r.restoredFlows != nil {
+		// Its Service names its standby backends now (holdUDPFlows).
+		r.dropRestoredFlows(fe.L4Addr)
 	}
 	if fe.Proto == model.UDP && (old == nil || svc == nil || old.Name != svc.Name) {
 		r.renameUDP(fe, old, svc)

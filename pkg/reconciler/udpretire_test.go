@@ -484,3 +484,183 @@ func TestUDPHeldBackendsFreed(t *testing.T) {
 		t.Error("the maps do not match the view")
 	}
 }
+
+// TestUDPHeldBackendsWantedNotFreeable: a new frontend short of backend
+// entries by more than freeing the retired masters would give leaves
+// them (a TCP one too) their flows: the backends a retired UDP master
+// holds that the new frontend wants itself stay whatever goes, so they
+// are no room. Before, freeable counted them: the check freed every
+// retired master, and the frontend was refused all the same.
+func TestUDPHeldBackendsWantedNotFreeable(t *testing.T) {
+	f, c := newFakeSized(t, 32, 4, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	tcp := svc(vip(2), "tcp", be(7, 1, model.TCP))
+	mustApply(t, r, state(append(udpLB(false, b1, b2), tcp)...))
+	mustApply(t, r, state())
+	cip := udpLB(false)[0].Frontend
+	for _, fe := range []model.L4Addr{cip, tcp.Frontend} {
+		if m, ok := masterOf(t, f, fe); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master of %s: %+v (present %v), want it retired", fe, m, ok)
+		}
+	}
+	if got, want := backendAddrs(t, f), []model.L4Addr{b1.L4Addr, b2.L4Addr}; !slices.Equal(got, want) {
+		t.Fatalf("backend entries %v, want %v (held for the UDP flows)", got, want)
+	}
+	// It wants b1 and b2 (held, in the map) and three more: one short
+	// of a map of 4, and freeing the retired masters frees none of the
+	// backends it wants.
+	web := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "web",
+		b1, b2, be(6, 1, model.UDP), be(6, 2, model.UDP), be(6, 3, model.UDP))
+	if err := r.Apply(state(web)); !errors.Is(err, reconciler.ErrCapacity) {
+		t.Fatalf("Apply of a Service that cannot fit: %v, want ErrCapacity", err)
+	}
+	for _, fe := range []model.L4Addr{cip, tcp.Frontend} {
+		if m, ok := masterOf(t, f, fe); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Errorf("master of %s after the refused Service: %+v (present %v), want it retired still", fe, m, ok)
+		}
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v, want nothing", fl)
+	}
+}
+
+// TestUDPRestoreStaleFlow: a conntrack entry whose backend id no longer
+// names its address (the backend's entry deleted, and the agent gone
+// before the flush) is no flow the datapath follows (ct_fwd_usable): a
+// restart does not record it, and a later claim of the address does not
+// flush that address (a pod may have taken it since). Before, Restore
+// took every live entry: the retired master's record held b2, and the
+// claim flushed it.
+func TestUDPRestoreStaleFlow(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+	mustApply(t, r, state(udpLB(false, b1)...))
+	// The agent stops; b2's entry goes behind its back, its flows not
+	// flushed (a crash between DeleteBackend and the flush).
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id2 reconciler.BackendID
+	for id, a := range ks.Backends {
+		if a == b2.L4Addr {
+			id2 = id
+		}
+	}
+	if id2 == 0 {
+		t.Fatalf("no backend entry of %s (held for its flows): %v", b2.L4Addr, ks.Backends)
+	}
+	if err := f.DeleteBackend(id2); err != nil {
+		t.Fatal(err)
+	}
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	want := []model.L4Addr{b1.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the restart: record %+v, want %v held (%s's entry names a backend gone)", rec, want, b2.L4Addr)
+	}
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("other", be(6, 1, model.UDP)))...))
+	if fl := f.Flushed(); !slices.Equal(fl, want) {
+		t.Errorf("flushed %v when another Service took the address, want %v", fl, want)
+	}
+}
+
+// TestUDPRestorePartialRead: a read of conntrack that fails part way (a
+// table whose walk a flood aborted) still gives Restore the flows it
+// read: the retired master's record holds them. Before, any error
+// discarded every table's flows, and b2 was deleted and flushed at the
+// first sync.
+func TestUDPRestorePartialRead(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newUDPRetiring(f, c)
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b2))...))
+	f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b2.L4Addr}})
+	mustApply(t, r, state(udpLB(false, b1)...))
+	f.SetUDPFlowsErr(errors.New("read sluice6_ct_new: iteration aborted"))
+	r = newUDPRetiring(f, c)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, state(udpLB(false, b1)...))
+	want := []model.L4Addr{b1.L4Addr, b2.L4Addr}
+	if rec := reconciler.UDPFlowRecords(r)[udpLBIP]; !rec.Held || !slices.Equal(rec.Backends, want) {
+		t.Errorf("after the restart: record %+v, want %v held", rec, want)
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Errorf("flushed %v at the first sync after the restart, want nothing", fl)
+	}
+}
+
+// TestUDPStandbyHeldAfterRetry: the backends only a Service's standby
+// set names (b3: serving, terminating) are held at a retirement even
+// when the view lost its Service: after a restart whose first
+// retirement failed (the flows Restore read kept for the retry), and
+// after a rebuild of the view (the Service carried over a master the
+// dump shows unchanged). Before, the first Apply dropped the restored
+// flows whatever happened (and nothing kept b3's entry through the
+// failed Apply), and a rebuild forgot every view's Service: b3 was
+// deleted and flushed.
+func TestUDPStandbyHeldAfterRetry(t *testing.T) {
+	b1, b3 := be(5, 1, model.UDP), be(5, 3, model.UDP)
+	// standby programs udpLB's ClusterIP and the LoadBalancer IP with
+	// b1 serving and b3 standby (it served them before).
+	standby := func(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler) {
+		t.Helper()
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b3))...))
+		lb := lbService("dns", b1)
+		lb.Standby = []model.L4Addr{b3.L4Addr}
+		mustApply(t, r, state(append(udpLB(false, b1), lb)...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b3.L4Addr}})
+	}
+	// retired checks that the LoadBalancer IP is retired and b3 held.
+	retired := func(t *testing.T, f *fakedp.Fake) {
+		t.Helper()
+		if m, ok := masterOf(t, f, udpLBIP); !ok || m.Flags&reconciler.FlagRetired == 0 {
+			t.Fatalf("master %+v (present %v), want it retired", m, ok)
+		}
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Errorf("flushed %v at the retirement, want nothing (%s held for its flows)", fl, b3.L4Addr)
+		}
+		if got := backendAddrs(t, f); !slices.Contains(got, b3.L4Addr) {
+			t.Errorf("backend entries %v, want %s held", got, b3.L4Addr)
+		}
+	}
+	t.Run("RestoreRetireFailed", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		standby(t, f, newUDPRetiring(f, c))
+		r := newUDPRetiring(f, c)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		f.Fail = func(op fakedp.Op) error {
+			if op.Kind == fakedp.OpUpsertMaster && op.Frontend.L4Addr == udpLBIP {
+				return errors.New("EIO")
+			}
+			return nil
+		}
+		if err := r.Apply(state(udpLB(false, b1)...)); err == nil {
+			t.Fatal("Apply with the retired master's write failing: no error")
+		}
+		f.Fail = nil
+		mustApply(t, r, state(udpLB(false, b1)...))
+		retired(t, f)
+	})
+	t.Run("Rebuilt", func(t *testing.T) {
+		f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		standby(t, f, r)
+		if err := reconciler.Refresh(r); err != nil {
+			t.Fatal(err)
+		}
+		mustApply(t, r, state(udpLB(false, b1)...))
+		retired(t, f)
+	})
+}

@@ -116,7 +116,36 @@ func (r *Reconciler) holdUDPFlows(fe Frontend, v *frontendView) {
 	for _, a := range rec.backends {
 		r.heldRefs[a]++
 	}
+	// Held now (or, with a Service, its standby backends named).
+	r.dropRestoredFlows(fe.L4Addr)
 }
+
+// dropRestoredFlows forgets the flows Restore read at addr
+// (restoredFlows): a backend nothing else keeps becomes a candidate for
+// deletion.
+func (r *Reconciler) dropRestoredFlows(addr model.L4Addr) {
+	bs, ok := r.restoredFlows[addr]
+	if !ok {
+		return
+	}
+	delete(r.restoredFlows, addr)
+	for _, a := range bs {
+		n := r.restoredRefs[a] - 1
+		if n > 0 {
+			r.restoredRefs[a] = n
+			continue
+		}
+		delete(r.restoredRefs, a)
+		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) && !r.heldForFlows(a) {
+			r.backendCand[id] = true
+		}
+	}
+}
+
+// restoredHeld says whether the flows Restore read at a live master's
+// address name backend a (its entry is kept until they are used or
+// dropped).
+func (r *Reconciler) restoredHeld(a model.L4Addr) bool { return r.restoredRefs[a] > 0 }
 
 // releaseUDPFlows lets go of the entries rec holds: a backend nothing
 // else keeps becomes a candidate for deletion (which flushes its flows:
@@ -239,7 +268,10 @@ func (r *Reconciler) flushedUDPFlows(flushed map[model.L4Addr]bool) {
 // retirement), those at an address without a master an unheld one (for
 // a later claim), and those at a live master's are kept for its
 // retirement before its first program (restoredFlows). A failed read is
-// logged and leaves the records empty, as before they were read.
+// logged; what it read is used (a table the datapath could not read to
+// its end, the others), the rest left unknown, as before they were read. A flow
+// counts only while the datapath follows it: its entry's backend id
+// names its backend's address in the maps.
 func (r *Reconciler) restoreUDPFlows() {
 	rd, ok := r.dp.(UDPFlowReader)
 	if !ok || r.retireUDPAfter <= 0 {
@@ -247,15 +279,28 @@ func (r *Reconciler) restoreUDPFlows() {
 	}
 	flows, err := rd.UDPFlowBackends()
 	if err != nil {
-		r.log.Warn("Failed to read the backends of UDP flows from conntrack: removed frontends' flows are not known", "error", err)
-		return
+		// What was read is used: a flow missed is one whose backend
+		// is not held, as before the tables were read.
+		r.log.Warn("Failed to read the backends of all UDP flows from conntrack: the flows of removed frontends not read are not known",
+			"error", err, "frontends", len(flows))
 	}
+	r.restoredFlows, r.restoredRefs = nil, nil
 	now := r.clock()
-	for addr, bs := range flows {
+	for addr, fbs := range flows {
 		if addr.Proto != model.UDP || r.udpFlows[addr] != nil {
 			continue
 		}
-		bs = slices.DeleteFunc(slices.Clone(bs), func(a model.L4Addr) bool { return a.Proto != model.UDP })
+		// Only the flows the datapath still follows (ct_fwd_usable):
+		// an entry whose backend id no longer names its address (the
+		// backend deleted, and the agent gone before its flush) is none,
+		// and a record of it would flush, at a later claim, a pod that
+		// took the address since.
+		var bs []model.L4Addr
+		for _, b := range fbs {
+			if a, ok := r.backend(b.ID); ok && a == b.Addr && a.Proto == model.UDP {
+				bs = append(bs, a)
+			}
+		}
 		slices.SortFunc(bs, model.L4Addr.Compare)
 		if bs = slices.Compact(bs); len(bs) == 0 {
 			continue
@@ -264,8 +309,12 @@ func (r *Reconciler) restoreUDPFlows() {
 		case v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0:
 			if r.restoredFlows == nil {
 				r.restoredFlows = map[model.L4Addr][]model.L4Addr{}
+				r.restoredRefs = map[model.L4Addr]int32{}
 			}
 			r.restoredFlows[addr] = bs
+			for _, a := range bs {
+				r.restoredRefs[a]++
+			}
 		case v != nil && v.hasMaster:
 			r.udpFlows[addr] = &udpFlows{backends: bs, held: true}
 			for _, a := range bs {

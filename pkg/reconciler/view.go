@@ -110,12 +110,37 @@ func (r *Reconciler) refresh() error {
 	}
 	flush, aff, writes, inSync := r.pendingFlush, r.pendingAffinity, r.writes, r.inSync
 	retired := r.retiredAt
+	// The Service each view was last programmed for (v.svc), with its
+	// master then: the maps do not say it. A view whose master the dump
+	// shows unchanged keeps it, so that its Service's standby backends
+	// stay counted and a retirement holds them (holdUDPFlows), and a
+	// NodePort's removal knows its name (servedByName), as before the
+	// rebuild. One whose master changed behind the agent's back gets its
+	// Service again when the next Apply programs it.
+	type programmed struct {
+		m   Master
+		svc *model.Service
+	}
+	var svcs map[Frontend]programmed
+	for fe, v := range r.frontends.all() {
+		if v.svc != nil && v.hasMaster {
+			if svcs == nil {
+				svcs = make(map[Frontend]programmed)
+			}
+			svcs[fe] = programmed{v.master, v.svc}
+		}
+	}
 	r.reset()
 	// A master still retired keeps its time (noteRetired times only
 	// the others): a rebuild does not restart its timeout.
 	r.retiredAt = retired
 	r.loadKernel(ks)
 	r.pendingFlush, r.pendingAffinity, r.writes, r.inSync = flush, aff, writes, inSync
+	for fe, p := range svcs {
+		if v := r.frontends.val(fe); v != nil && v.hasMaster && v.master == p.m {
+			r.setService(fe, v, p.svc)
+		}
+	}
 	for fe := range r.retiredAt {
 		if v := r.frontends.val(fe); v == nil || !v.hasMaster || v.master.Flags&FlagRetired == 0 {
 			delete(r.retiredAt, fe)

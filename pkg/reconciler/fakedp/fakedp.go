@@ -166,7 +166,8 @@ type Fake struct {
 	flushed []model.L4Addr
 	// udpFlows: the UDP flows the datapath's conntrack would hold, per
 	// frontend (SetUDPFlows): the backends they use.
-	udpFlows   map[model.L4Addr][]model.L4Addr
+	udpFlows   map[model.L4Addr][]reconciler.UDPFlowBackend
+	udpErr     error
 	fixed      []reconciler.AffinityFix
 	violations []string
 }
@@ -209,26 +210,43 @@ var _ reconciler.Datapath = (*Fake)(nil)
 var _ reconciler.UDPFlowReader = (*Fake)(nil)
 
 // SetUDPFlows makes the UDP flows the fake's conntrack holds flows: per
-// frontend, the backends they use (UDPFlowBackends reports them, and
-// FlushConntrack ends those of the backends it flushes).
+// frontend, the backends they use, each under the id its backend entry
+// has now (0 if none), as a conntrack entry made now would name it
+// (UDPFlowBackends reports them, and FlushConntrack ends those of the
+// backends it flushes).
 func (f *Fake) SetUDPFlows(flows map[model.L4Addr][]model.L4Addr) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.udpFlows = map[model.L4Addr][]model.L4Addr{}
+	ids := make(map[model.L4Addr]reconciler.BackendID, len(f.backends))
+	for id, a := range f.backends {
+		ids[a] = id
+	}
+	f.udpFlows = map[model.L4Addr][]reconciler.UDPFlowBackend{}
 	for fe, bs := range flows {
-		f.udpFlows[fe] = slices.Clone(bs)
+		for _, a := range bs {
+			f.udpFlows[fe] = append(f.udpFlows[fe], reconciler.UDPFlowBackend{Addr: a, ID: ids[a]})
+		}
 	}
 }
 
-// UDPFlowBackends returns the flows SetUDPFlows set that no flush ended.
-func (f *Fake) UDPFlowBackends() (map[model.L4Addr][]model.L4Addr, error) {
+// SetUDPFlowsErr makes UDPFlowBackends return err with the flows (a read
+// that failed part way, the flows read so far); nil, none.
+func (f *Fake) SetUDPFlowsErr(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make(map[model.L4Addr][]model.L4Addr, len(f.udpFlows))
+	f.udpErr = err
+}
+
+// UDPFlowBackends returns the flows SetUDPFlows set that no flush ended,
+// with the error SetUDPFlowsErr set.
+func (f *Fake) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[model.L4Addr][]reconciler.UDPFlowBackend, len(f.udpFlows))
 	for fe, bs := range f.udpFlows {
 		out[fe] = slices.Clone(bs)
 	}
-	return out, nil
+	return out, f.udpErr
 }
 
 // write makes one map operation, with f.mu held: Fail may refuse it
@@ -683,7 +701,7 @@ func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	return f.write(op, func() error {
 		f.flushed = append(f.flushed, bs...)
 		for fe, fl := range f.udpFlows {
-			fl = slices.DeleteFunc(fl, func(a model.L4Addr) bool { return slices.Contains(bs, a) })
+			fl = slices.DeleteFunc(fl, func(b reconciler.UDPFlowBackend) bool { return slices.Contains(bs, b.Addr) })
 			if len(fl) == 0 {
 				delete(f.udpFlows, fe)
 			} else {

@@ -817,10 +817,12 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 // 169.254.169.254, and the node's connections there would reach the
 // Service's endpoints. For the manifest source only: a Service stored
 // before the API server checked them keeps such an entry for as long as
-// it is never updated (ValidateService's existingExternalIPs exempts an
-// existing entry from the format check, IsValidIPForLegacyField, only;
-// ValidateEndpointIP runs on every entry on create and update alike),
-// and kube-proxy serves it, so the Kubernetes source does too.
+// its spec or metadata is never updated (a status-only update,
+// ValidateServiceStatusUpdate, does not check the spec again;
+// ValidateService's existingExternalIPs exempts an existing entry from
+// the format check, IsValidIPForLegacyField, only; ValidateEndpointIP
+// runs on every entry on create and update alike), and kube-proxy
+// serves it, so the Kubernetes source does too.
 func CheckExternalIPs(svc *corev1.Service) error {
 	for i, a := range svc.Spec.ExternalIPs {
 		ip, ok := parseIPSloppy(a)
