@@ -89,12 +89,23 @@ func synThrough(t *testing.T, id ebpf.ProgramID, cport uint16) {
 }
 
 // synAckThrough runs the backend's SYN-ACK of that flow through the
-// program id (an egress one): the flow is established, in the
-// sluice_conntrack that program uses.
+// program id (an egress one): the flow is answered, not yet assured
+// (ackThrough establishes it).
 func synAckThrough(t *testing.T, id ebpf.ProgramID, cport uint16) {
 	t.Helper()
 	runID(t, id, packet.Packet{SrcMAC: nodeMAC, DstMAC: clientMAC, Src: addr("10.2.5.1"), Dst: addr("10.0.0.9"),
 		SrcPort: 8080, DstPort: cport, Proto: packet.TCP, TCPFlags: packet.SYN | packet.ACK})
+}
+
+// ackThrough runs the client's ACK after the SYN-ACK through the program
+// id (an ingress one): the flow is established (assured), in the
+// sluice_conntrack that program uses. Answered alone, a TCP flow the
+// programs see while a start is migrating stays in sluice_ct_new until
+// its ACK moves it.
+func ackThrough(t *testing.T, id ebpf.ProgramID, cport uint16) {
+	t.Helper()
+	runID(t, id, packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
+		SrcPort: cport, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK})
 }
 
 func runID(t *testing.T, id ebpf.ProgramID, pkt packet.Packet) {
@@ -196,6 +207,7 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 			}
 			synThrough(t, oldIngress[0], 40001)
 			synAckThrough(t, oldEgress[0], 40001)
+			ackThrough(t, oldIngress[0], 40001)
 			if !pinnedFlow(t, bpffs, 40001, mapConntrack) {
 				t.Fatal("the previous agent's programs established no flow in the pinned conntrack map")
 			}
@@ -225,6 +237,11 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 			// failed: carried back into the old maps.
 			synThrough(t, progID(t, d.TCIngress()), 40003)
 			synAckThrough(t, progID(t, d.TCEgress()), 40003)
+			ackThrough(t, progID(t, d.TCIngress()), 40003)
+			// And one answered, not yet assured (in sluice_ct_new
+			// while the start migrates): carried back too.
+			synThrough(t, progID(t, d.TCIngress()), 40004)
+			synAckThrough(t, progID(t, d.TCEgress()), 40004)
 			if tc.kill {
 				// What the kernel does to a killed agent's handles.
 				d.closeMigrations()
@@ -244,6 +261,9 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 				if !pinnedFlow(t, bpffs, 40003, mapConntrack) {
 					t.Error("the flow the new programs established before the failure is not in the old conntrack map")
 				}
+				if !pinnedFlow(t, bpffs, 40004, mapConntrack, mapCTNew) {
+					t.Error("the flow the new programs answered (not assured) before the failure is not in the old conntrack maps")
+				}
 				sameHooks(t, "after the failed start", now, before)
 				if got := pinnedDevices(t, bpffs, nil); !maps.Equal(got, devices) {
 					t.Errorf("%s after the failed start: %v, want %v as before it", mapDevices, got, devices)
@@ -260,6 +280,7 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 			synThrough(t, ingress[0], 40002)
 			if egress := now["sl-a "+ebpf.AttachTCXEgress.String()]; len(egress) == 1 {
 				synAckThrough(t, egress[0], 40002)
+				ackThrough(t, ingress[0], 40002)
 			} else {
 				t.Errorf("egress on sl-a after the failed start: %v", egress)
 			}
@@ -289,6 +310,9 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 				if !hasFlow(t, cport, next.Maps().conntrack) {
 					t.Errorf("established flow from port %d missing after the next start", cport)
 				}
+			}
+			if !hasFlow(t, 40004, next.Maps().conntrack, next.Maps().ctNew) {
+				t.Error("answered flow from port 40004 (not assured) missing after the next start")
 			}
 			for name := range testutil.PinnedMapIDs(t, filepath.Join(bpffs, "sluice")) {
 				if n, ok := cutPrevious(name); ok {
