@@ -5,7 +5,9 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // TestResizeKeepsHalfOpenCount (review6 MED-1): a resize of
@@ -168,4 +170,95 @@ func setFlags[V ctValue](v *V, bits uint32) {
 	case *tcCt6Entry:
 		e.Flags |= bits
 	}
+}
+
+// TestResizeCopiedBackReservationCountedOnce: during a resize, a new
+// program's port reservation (in the new sluice_conntrack, counted) that
+// the shim copies back into the old map for the flow's SYN-ACK, met by the
+// previous agent's ingress (mig_copy_back), goes there taken off
+// (CT_F_COUNTED): the old program's assurance of the flow (the client's
+// ACK, met by it too) takes nothing off, and the flow keeps its one
+// place, the new map's reservation's, which the collections find after
+// the switch (to be taken off by its own assurance there). Before, the
+// copy went in counted: the old program's assurance took the flow off
+// (counted 0, found 1: the new map's reservation), and the new
+// reservation's assurance would take it off a second time.
+func TestResizeCopiedBackReservationCountedOnce(t *testing.T) {
+	testutil.Privileged(t)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d1, d2, ifindex, np, be := snatResizeNode(t, v6, func(c *Config) { c.MaxConntrack = 8192 })
+		newIngress, _ := tcProgs(d2, v6)
+		oldIngress, _ := tcProgs(d1, v6)
+		const cport, port = 43000, 62000
+		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+		rev := ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, port, model.TCP, ctReverse)
+
+		syn := nsClient(cport, np)
+		syn.TCPFlags = tcpSYN_
+		runShim(t, d2, ifindex, syn.Bytes())
+		if v, out := runOn(t, newIngress, ifindex, syn.Bytes()); v != tcActRedirect || outSport(out) != port {
+			t.Fatalf("SYN at the new ingress: verdict %d from port %d, want %d from %d", v, outSport(out), tcActRedirect, port)
+		}
+		wantCounted(t, d2.Maps(), v6, 1, "after the SYN")
+		sa := replyFrom(be, port, tcpSA)
+		runShim(t, d2, ifindex, sa.Bytes())
+		if v, out := runOn(t, oldIngress, ifindex, sa.Bytes()); v != tcActRedirect || outDport(out) != cport {
+			t.Fatalf("SYN-ACK at the previous agent's ingress: verdict %d to port %d, want %d to %d", v, outDport(out), tcActRedirect, cport)
+		}
+		// The client's ACK, met by the previous agent's ingress too:
+		// it assures the flow there (ct_assure sets CT_F_COUNTED on the
+		// reservation, and takes the flow off if it was clear).
+		ack := nsClient(cport, np)
+		ack.TCPFlags = tcpACK
+		runShim(t, d2, ifindex, ack.Bytes())
+		if v, out := runOn(t, oldIngress, ifindex, ack.Bytes()); v != tcActRedirect || outSport(out) != port {
+			t.Fatalf("the client's ACK at the previous agent's ingress: verdict %d from port %d, want %d from %d", v, outSport(out), tcActRedirect, port)
+		}
+		est := func(d *Datapath) *ebpf.Map {
+			if v6 {
+				return d.tc.Sluice6ConntrackV1
+			}
+			return d.tc.SluiceConntrackV2
+		}
+		for _, m := range []struct {
+			what      string
+			d         *Datapath
+			mask, bit uint32
+		}{
+			{"the reservation copied back, assured by the old program", d1, ctFlagCounted | ctFlagAssured, ctFlagCounted | ctFlagAssured},
+			{"the new map's reservation", d2, ctFlagCounted | ctFlagAdmitted | ctFlagReplied, ctFlagAdmitted},
+		} {
+			if f, ok := flagsIn(t, est(m.d), rev); !ok || f&m.mask != m.bit {
+				t.Errorf("%s: flags %#x (found %v), want %#x of %#x", m.what, f, ok, m.bit, m.mask)
+			}
+		}
+		wantCounted(t, d2.Maps(), v6, 1, "after the SYN-ACK and ACK at the previous agent's ingress")
+
+		if err := d2.AttachDevices([]string{"eth0"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d2.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			st := collect(t, d2.Maps())
+			if st.HalfOpen != 1 || st.HalfOpenCounted != 1 || st.HalfOpenResynced != [2]int64{} {
+				t.Errorf("collection %d: found %d, counted %d, resynced %v; want 1, 1, none", i, st.HalfOpen, st.HalfOpenCounted, st.HalfOpenResynced)
+			}
+		}
+	})
+}
+
+// flagsIn returns the flags of the entry under k in the conntrack map m
+// (of k's family), if any.
+func flagsIn(t *testing.T, m *ebpf.Map, k ctK) (uint32, bool) {
+	t.Helper()
+	if k.v6() {
+		key, v := k.k6(), tcCt6Entry{}
+		err := m.Lookup(&key, &v)
+		return v.Flags, err == nil
+	}
+	key, v := k.k4(), sockCt4Entry{}
+	err := m.Lookup(&key, &v)
+	return v.Flags, err == nil
 }
