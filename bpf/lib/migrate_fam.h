@@ -36,6 +36,40 @@ static __always_inline bool FN(mig_supersedes)(__u8 proto,
 }
 
 /*
+ * mig_put_counted - put @e, an entry of the old sluice_conntrack under
+ * @key that holds a place in the half-open count (ct_counts), into the
+ * new one, its place with it. The count is the one both builds' programs
+ * share (sluice_ct_admit_v1, sluice_ct_pcpu_v1: the same maps across a
+ * migration), and it holds the flow once: so the copy takes the place
+ * over, as a claimer takes it off, by setting CT_F_COUNTED on @e first
+ * (an old program's assurance or claim that comes later finds it set and
+ * takes nothing off; one that came first leaves the copy uncounted), and
+ * goes in counted only if it took the place. A copy that does not go in
+ * gives the place up (the flow is off the count: its entry in the old
+ * map no longer holds it). Before, the copy went in counted as well, and
+ * both entries were taken off, each once: the count drifted down (and,
+ * the old entry's place lost with its map at the end of the migration
+ * when nothing took it off there, up).
+ */
+static __always_inline bool
+FN(mig_put_counted)(void *to, const FAM(ct_key_t) *key, FAM(ct_entry_t) *e)
+{
+	FAM(ct_entry_t) c = *e;
+	bool took = ct_counts(key->dir,
+			      __sync_fetch_and_or(&e->flags, CT_F_COUNTED));
+	__u32 f = READ_ONCE(e->flags);
+	/* Taken, but no longer counting (assured meanwhile): given up. */
+	bool keep = took && ct_counts(key->dir, f & ~CT_F_COUNTED);
+	bool ok;
+
+	c.flags = keep ? f & ~CT_F_COUNTED : f;
+	ok = bpf_map_update_elem(to, key, &c, BPF_NOEXIST) == 0;
+	if (took && !(ok && keep))
+		ct_admit_add(LB_FAMILY == 6, -1);
+	return ok;
+}
+
+/*
  * mig_put - put @e, found under @key in the old map, into @to (the
  * established map if @est) if it is alive and the new maps have nothing
  * under @key, or (into the established map) an established entry it
@@ -59,7 +93,7 @@ static __always_inline bool FN(mig_supersedes)(__u8 proto,
  */
 static __always_inline bool FN(mig_put)(void *to, bool est,
 					const FAM(ct_key_t) *key,
-					const FAM(ct_entry_t) *e, __u64 now)
+					FAM(ct_entry_t) *e, __u64 now)
 {
 	FAM(ct_entry_t) *n;
 	__u64 seen;
@@ -85,7 +119,9 @@ static __always_inline bool FN(mig_put)(void *to, bool est,
 		else if (seen == CT_DEAD)
 			return false;
 	}
-	return bpf_map_update_elem(to, key, e, BPF_NOEXIST) == 0;
+	if (!est || !ct_counts(key->dir, READ_ONCE(e->flags)))
+		return bpf_map_update_elem(to, key, e, BPF_NOEXIST) == 0;
+	return FN(mig_put_counted)(to, key, e);
 }
 
 /*
@@ -104,6 +140,25 @@ static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
 	e = bpf_map_lookup_elem(from, &pkey);
 	if (e)
 		FN(mig_put)(to, est, &pkey, e, now);
+}
+
+/*
+ * mig_reap_old - ct_reap of @o, under @key in the old sluice_conntrack,
+ * if its expiry is still @seen: the claimer takes it off the count the
+ * two builds share if it holds a place there (ct_uncount's rule; an old
+ * program's flow, lapsed, never taken off), before deleting it.
+ */
+static __always_inline bool FN(mig_reap_old)(const FAM(ct_key_t) *key,
+					     FAM(ct_entry_t) *o, __u64 seen)
+{
+	if (seen == CT_DEAD ||
+	    __sync_val_compare_and_swap(&o->expires, seen, CT_DEAD) != seen)
+		return false;
+	if (ct_counts(key->dir, READ_ONCE(o->flags)) &&
+	    ct_counts(key->dir, __sync_fetch_and_or(&o->flags, CT_F_COUNTED)))
+		ct_admit_add(LB_FAMILY == 6, -1);
+	bpf_map_delete_elem(&FAM(mig_old_est), key);
+	return true;
 }
 
 /*
@@ -152,10 +207,17 @@ static __always_inline void FN(mig_copy_back)(const FAM(ct_key_t) *key,
 	o = bpf_map_lookup_elem(&FAM(mig_old_est), key);
 	if (o) {
 		seen = READ_ONCE(o->expires);
-		if (ct_alive(seen, now) ||
-		    !FN(ct_reap_plain)(&FAM(mig_old_est), key, o, seen))
+		if (ct_alive(seen, now) || !FN(mig_reap_old)(key, o, seen))
 			return;
 	}
+	/* The reservation in the new map keeps its place in the count,
+	 * which both builds share: the copy goes in taken off (an old
+	 * program's promotion of it takes nothing off; the new map's is
+	 * promoted, or reaped, in turn). Before, it went in counted, and
+	 * the flow came off twice, or (the old map let go with it
+	 * unanswered there) its copy's place was never added to begin with.
+	 */
+	e.flags |= CT_F_COUNTED;
 	if (bpf_map_update_elem(&FAM(mig_old_est), key, &e, BPF_NOEXIST))
 		return;
 	/* Checked after the insert (as ct_promote's): a deleter that

@@ -122,7 +122,12 @@ func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal, drop *reti
 			old.Close()
 			return nil
 		}
-		cur, err := buildMap(ms, func(cur *ebpf.Map) error { return copyResized(old, cur, writtenByPrograms[name], leave) })
+		cur, err := buildMap(ms, func(cur *ebpf.Map) error {
+			if err := copyResized(old, cur, writtenByPrograms[name], leave); err != nil {
+				return err
+			}
+			return uncountCopies(name, cur)
+		})
 		if err != nil {
 			old.Close()
 			if info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms) {
@@ -151,6 +156,68 @@ func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal, drop *reti
 		}
 	}
 	return migs, nil
+}
+
+// uncountCopies marks the entries of cur, the new sluice_conntrack (of
+// either family; name says which) just copied from the old one, that hold
+// a place in the half-open count (counted: a half-open or unassured
+// flow's forward entry, a port reservation not taken off) as taken off
+// (CT_F_COUNTED), so that none is taken off twice. The count is the one
+// both builds' programs share (sluice_ct_admit_v1 and sluice_ct_pcpu_v1
+// are not migrated: the same maps), and it holds such a flow once, for
+// its entry in the old map, which the previous agent's programs go on
+// taking off (its assurance, promotion or reap) while they run; what the
+// old map still holds at the end is taken off by settle
+// (settleConntrack). A copy that gets a packet from the new programs
+// meanwhile is the same flow, established or reaped there without
+// taking anything off. Before, the copy went in counted too: the flow
+// came off twice, once in each map (the count drifted down), or its old
+// entry's place was lost with the old map (up). cur is not pinned yet:
+// no program writes it.
+func uncountCopies(name string, cur *ebpf.Map) error {
+	switch name {
+	case mapConntrack:
+		return uncountEntries[sockCt4Key, sockCt4Entry](cur)
+	case mapConntrack6:
+		return uncountEntries[tcCt6Key, tcCt6Entry](cur)
+	}
+	return nil
+}
+
+func uncountEntries[K ctKey, V ctValue](m *ebpf.Map) error {
+	var k K
+	var v V
+	var keys []K
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, _, _, dir := k.tuple(); counted(dir, v.view().flags) {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read entries: %w", err)
+	}
+	for i := range keys {
+		if err := m.Lookup(&keys[i], &v); err != nil {
+			return fmt.Errorf("look up conntrack entry: %w", err)
+		}
+		setCounted(&v)
+		if err := m.Update(&keys[i], &v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("mark conntrack entry taken off: %w", err)
+		}
+	}
+	return nil
+}
+
+// setCounted sets CT_F_COUNTED on the conntrack entry v (of either
+// family).
+func setCounted[V ctValue](v *V) {
+	switch e := any(v).(type) {
+	case *sockCt4Entry:
+		e.Flags |= ctFlagCounted
+	case *tcCt6Entry:
+		e.Flags |= ctFlagCounted
+	}
 }
 
 // eachPin calls f, in name order, for each map of spec pinned by name
@@ -506,12 +573,23 @@ func (d *Datapath) finishTCSwitch() error {
 // settle finishes the migrations of the maps names once the programs that
 // wrote their old maps are replaced: it copies what the old maps hold that
 // the new ones lack, and lets the old maps go.
+//
+// The half-open count, which both builds' programs share (the same
+// maps: not migrated), holds each flow counted in either sluice_conntrack
+// once (uncountCopies; bpf/lib/migrate_fam.h, mig_put_counted): an entry
+// of the old map that holds a place and is not carried over (expired, or
+// the new map has its own entry, or no room) gives it up with its map,
+// and one of the new map that holds a place and is deleted to make room
+// for the old one (ctPlace) does too. settle takes those off the count
+// (through sluice_ct_gc, as the GC's resync adds); an entry carried over
+// keeps its place.
 func (d *Datapath) settle(names map[string]bool) error {
 	var errs []error
+	var off4, off6 int64 // places given up, per family
 	t := d.cfg.ctTimeouts()
-	place4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew, true)
+	place4 := ctPlaceCounting[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew, true, &off4)
 	half4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew, false)
-	place6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1, true)
+	place6 := ctPlaceCounting[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1, true, &off6)
 	half6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1, false)
 	keep := d.migrations[:0]
 	for _, mg := range d.migrations {
@@ -520,17 +598,20 @@ func (d *Datapath) settle(names map[string]bool) error {
 			continue
 		}
 		var err error
+		var off int64
 		switch {
 		case mg.r0:
 			err = convertConntrack(mg.old, mg.cur, t, place4)
 		case mg.name == mapCTNew:
 			err = copyConntrack(mg.old, mg.cur, half4)
 		case mg.name == mapConntrack:
-			err = copyConntrack(mg.old, mg.cur, place4)
+			off, err = copyConntrackCounting(mg.old, mg.cur, place4)
+			off4 += off
 		case mg.name == mapCTNew6:
 			err = copyConntrack(mg.old, mg.cur, half6)
 		case mg.name == mapConntrack6:
-			err = copyConntrack(mg.old, mg.cur, place6)
+			off, err = copyConntrackCounting(mg.old, mg.cur, place6)
+			off6 += off
 		default:
 			err = copyEntries(mg.old, mg.cur, true, nil)
 		}
@@ -540,6 +621,13 @@ func (d *Datapath) settle(names map[string]bool) error {
 		mg.old.Close()
 	}
 	d.migrations = keep
+	for family, off := range map[uint32]int64{4: off4, 6: off6} {
+		if off != 0 && d.maps.ctGC != nil {
+			if err := d.maps.adjustHalfOpen(family, -off); err != nil {
+				errs = append(errs, fmt.Errorf("take the places the old conntrack map held off the half-open count: %w", err))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -597,11 +685,23 @@ func (tcCt6Key) withTuple(src, dst netip.AddrPort, proto, dir uint8) tcCt6Key {
 // superseded entries are deleted, which the datapath replaces only when a
 // packet of their tuple comes in that moment.
 func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map, toEst bool) ctPlacer[K, V] {
+	return ctPlaceCounting[K, V](t, est, half, toEst, nil)
+}
+
+// ctPlaceCounting is ctPlace, adding to *off (if off is not nil) each
+// entry of est it deletes that held a place in the half-open count
+// (counted): for settle to take off. User space cannot take it off as a
+// claimer does (an atomic or of CT_F_COUNTED): a program that claims the
+// entry, and takes it off, between the lookup and the delete here (a
+// packet of that tuple in that microsecond, for an entry lapsed or
+// superseded) has it taken off twice, until the GC's resync.
+func ctPlaceCounting[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map, toEst bool, off *int64) ctPlacer[K, V] {
 	return func(k *K, e *V, now uint64) bool {
 		var n V
 		alive := func(v ctView) bool { return int64(v.expires-now) > 0 }
 		_, _, proto, _ := (*k).tuple()
 		var del []*ebpf.Map
+		var held int64 // est's entry under k holds a place
 		if half.Lookup(k, &n) == nil {
 			v := n.view()
 			if v.expires == ctDead || alive(v) {
@@ -618,6 +718,9 @@ func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map, toEst 
 			}
 			if toEst {
 				del = append(del, est)
+				if _, _, _, dir := (*k).tuple(); counted(dir, v.flags) {
+					held = 1
+				}
 			}
 		}
 		// The peer's key: taken by a live half-open flow, or a live
@@ -632,8 +735,12 @@ func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map, toEst 
 			return false
 		}
 		for _, m := range del {
-			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			err := m.Delete(k)
+			if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return false
+			}
+			if m == est && err == nil && off != nil {
+				*off += held
 			}
 		}
 		return true
@@ -663,33 +770,51 @@ func ctPeerKey[K ctMigKey[K], V ctValue](k *K, e *V) K {
 // copyConntrack copies the live entries of the conntrack map old into cur
 // as place says, as bpf/migrate.c does packet by packet.
 func copyConntrack[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[K, V]) error {
+	_, err := copyConntrackCounting(old, cur, place)
+	return err
+}
+
+// copyConntrackCounting is copyConntrack, for old a sluice_conntrack: it
+// also returns how many of old's entries that held a place in the
+// half-open count (counted) it left behind (expired, refused by place,
+// or not inserted), whose places go with old (settle). Their flags are
+// read again just before: the shim's mig_put_counted may have taken one
+// over meanwhile (a copy made, CT_F_COUNTED set on the old entry).
+func copyConntrackCounting[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[K, V]) (int64, error) {
 	now, err := monotonicNow()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var k K
 	var v V
+	var off int64
+	leftBehind := func() {
+		var o V
+		if _, _, _, dir := k.tuple(); old.Lookup(&k, &o) == nil && counted(dir, o.view().flags) {
+			off++
+		}
+	}
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if int64(v.view().expires-now) <= 0 {
-			continue
-		}
-		if !place(&k, &v, now) {
+		if int64(v.view().expires-now) <= 0 || !place(&k, &v, now) {
+			leftBehind()
 			continue
 		}
 		err := cur.Update(&k, &v, ebpf.UpdateNoExist)
 		switch {
-		case err == nil, errors.Is(err, ebpf.ErrKeyExist):
+		case err == nil:
+		case errors.Is(err, ebpf.ErrKeyExist):
+			leftBehind()
 		case errors.Is(err, unix.E2BIG):
-			return fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
+			return off, fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
 		default:
-			return fmt.Errorf("copy entry: %w", err)
+			return off, fmt.Errorf("copy entry: %w", err)
 		}
 	}
 	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return fmt.Errorf("read entries: %w", err)
+		return off, fmt.Errorf("read entries: %w", err)
 	}
-	return nil
+	return off, nil
 }
 
 // closeMigrations lets the old maps go without copying anything more.
