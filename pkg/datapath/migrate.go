@@ -780,6 +780,15 @@ func copyConntrack[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[
 // or not inserted), whose places go with old (settle). Their flags are
 // read again just before: the shim's mig_put_counted may have taken one
 // over meanwhile (a copy made, CT_F_COUNTED set on the old entry).
+//
+// After the first error inserting (no room, E2BIG, or another) it
+// inserts nothing more but goes on reading old, counting each entry
+// still to come that holds a place as left behind, and returns the
+// count with that first error: before, it returned at once, and the
+// places of the entries not yet read went with old without being
+// counted (the count high until the GC's resync). An error reading old
+// (the iterator's) ends the walk: the entries not read by then are not
+// counted, since nothing more of old can be read.
 func copyConntrackCounting[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[K, V]) (int64, error) {
 	now, err := monotonicNow()
 	if err != nil {
@@ -788,6 +797,7 @@ func copyConntrackCounting[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place c
 	var k K
 	var v V
 	var off int64
+	var failed error // the first insert error: nothing more goes in
 	leftBehind := func() {
 		var o V
 		if _, _, _, dir := k.tuple(); old.Lookup(&k, &o) == nil && counted(dir, o.view().flags) {
@@ -796,7 +806,7 @@ func copyConntrackCounting[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place c
 	}
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if int64(v.view().expires-now) <= 0 || !place(&k, &v, now) {
+		if failed != nil || int64(v.view().expires-now) <= 0 || !place(&k, &v, now) {
 			leftBehind()
 			continue
 		}
@@ -806,15 +816,17 @@ func copyConntrackCounting[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place c
 		case errors.Is(err, ebpf.ErrKeyExist):
 			leftBehind()
 		case errors.Is(err, unix.E2BIG):
-			return off, fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
+			failed = fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
+			leftBehind()
 		default:
-			return off, fmt.Errorf("copy entry: %w", err)
+			failed = fmt.Errorf("copy entry: %w", err)
+			leftBehind()
 		}
 	}
 	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return off, fmt.Errorf("read entries: %w", err)
+		return off, errors.Join(failed, fmt.Errorf("read entries: %w", err))
 	}
-	return off, nil
+	return off, failed
 }
 
 // closeMigrations lets the old maps go without copying anything more.

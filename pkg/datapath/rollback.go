@@ -335,17 +335,12 @@ func (d *Datapath) carryBack(j *pinJournal) error {
 	t := d.cfg.ctTimeouts()
 	var errs []error
 	for _, fam := range []struct {
+		family    uint32
 		est, half string
-		carry     func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error
+		carry     func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) (int64, error)
 	}{
-		{mapConntrack, mapCTNew, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
-			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf, true),
-				ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf, false))
-		}},
-		{mapConntrack6, mapCTNew6, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
-			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf, true),
-				ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf, false))
-		}},
+		{4, mapConntrack, mapCTNew, carryFlows[sockCt4Key, sockCt4Entry](t)},
+		{6, mapConntrack6, mapCTNew6, carryFlows[tcCt6Key, tcCt6Entry](t)},
 	} {
 		curEst, err1 := d.tc.mapByName(fam.est)
 		curHalf, err2 := d.tc.mapByName(fam.half)
@@ -360,8 +355,16 @@ func (d *Datapath) carryBack(j *pinJournal) error {
 			if oldHalf == nil {
 				oldHalf = curHalf
 			}
-			if err := fam.carry(curEst, curHalf, oldEst, oldHalf); err != nil {
+			off, err := fam.carry(curEst, curHalf, oldEst, oldHalf)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("carry %s back: %w", fam.est, err))
+			}
+			// The failed start's sluice_ct_gc is still loaded: Abort
+			// undoes before it closes the objects.
+			if off != 0 && d.maps.ctGC != nil {
+				if err := d.maps.adjustHalfOpen(fam.family, -off); err != nil {
+					errs = append(errs, fmt.Errorf("take the places the new %s held off the half-open count: %w", fam.est, err))
+				}
 			}
 		}
 		for _, m := range []*ebpf.Map{oldEst, oldHalf} {
@@ -375,17 +378,33 @@ func (d *Datapath) carryBack(j *pinJournal) error {
 
 // carryFlows copies the flows of the new maps into the old ones where
 // they differ (an old map of another layout is left alone): established
-// ones as place says, half-open ones as half does (only where nothing
-// alive is).
-func carryFlows[K ctMigKey[K], V ctValue](curEst, curHalf, oldEst, oldHalf *ebpf.Map, place, half ctPlacer[K, V]) error {
-	var errs []error
-	if oldEst != curEst && oldEst.KeySize() == curEst.KeySize() && oldEst.ValueSize() == curEst.ValueSize() {
-		errs = append(errs, copyConntrack(curEst, oldEst, place))
+// ones as settle's ctPlace says, half-open ones only where nothing alive
+// is. It returns how many places in the half-open count (which both
+// builds share) go with the new sluice_conntrack: its entries that hold
+// one and are not carried back (the old map has a live entry under the
+// key, or no room), and the old map's entries that held one and were
+// deleted to make room (lapsed or superseded), as settle counts them the
+// other way; carryBack takes them off. Such a place is a flow the shim
+// moved into the new map with its place (mig_put_counted), or a new
+// program's port reservation whose copy mig_copy_back put into the old
+// map taken off (CT_F_COUNTED). Before, these were dropped uncounted: the
+// count stayed high with no agent to resync it, and a crash-looping
+// upgrade could fill the share, after which ct_snat_room refused every
+// new source-NATed flow.
+func carryFlows[K ctMigKey[K], V ctValue](t ctTimeouts) func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) (int64, error) {
+	return func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) (int64, error) {
+		var errs []error
+		var off, deleted int64
+		if oldEst != curEst && oldEst.KeySize() == curEst.KeySize() && oldEst.ValueSize() == curEst.ValueSize() {
+			n, err := copyConntrackCounting(curEst, oldEst, ctPlaceCounting[K, V](t, oldEst, oldHalf, true, &deleted))
+			off += n
+			errs = append(errs, err)
+		}
+		if oldHalf != curHalf && oldHalf.KeySize() == curHalf.KeySize() && oldHalf.ValueSize() == curHalf.ValueSize() {
+			errs = append(errs, copyConntrack(curHalf, oldHalf, ctPlace[K, V](t, oldEst, oldHalf, false)))
+		}
+		return off + deleted, errors.Join(errs...)
 	}
-	if oldHalf != curHalf && oldHalf.KeySize() == curHalf.KeySize() && oldHalf.ValueSize() == curHalf.ValueSize() {
-		errs = append(errs, copyConntrack(curHalf, oldHalf, half))
-	}
-	return errors.Join(errs...)
 }
 
 // switchedDir marks, while it exists, that a start not yet committed has
