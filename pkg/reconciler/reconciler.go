@@ -261,9 +261,11 @@ type Reconciler struct {
 	// retirement before its first program (holdUDPFlows: no Service
 	// names its standby backends then). An address's go when they are
 	// used or its default scope's view gets a Service (setService), the
-	// rest once an Apply ends in sync. Until then their backends'
-	// entries are kept (restoredRefs counts the addresses naming each),
-	// so that a retirement that fails and is retried still finds them.
+	// rest at the end of the Apply's second phase, but for a retirement
+	// that failed there (settleRestoredFlows). Until then their
+	// backends' entries are kept (restoredRefs counts the addresses
+	// naming each), so that a retirement that fails and is retried
+	// still finds them.
 	restoredFlows map[model.L4Addr][]model.L4Addr
 	restoredRefs  map[model.L4Addr]int32
 	// The services of the Apply under way, for freeRetired (the
@@ -485,14 +487,6 @@ func (r *Reconciler) Apply(st *model.State) error {
 	r.applying = services
 	defer func() {
 		r.applying, r.applyingWant = model.Services{}, nil
-		// The restored flows not used (holdUDPFlows) nor replaced by a
-		// Service (setService) once every master is as wanted: a
-		// failed retirement retried by the next Apply still has them.
-		if r.inSync {
-			for addr := range r.restoredFlows {
-				r.dropRestoredFlows(addr)
-			}
-		}
 	}()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
@@ -708,7 +702,10 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	// Phase 3: backends nobody names, rev_nat of removed services, the
 	// service IPs a failure left wrong, and conntrack of UDP backends that
-	// left a service.
+	// left a service. The flows Restore read go first, but for a failed
+	// retirement's (udpretired.go): their backends nothing else keeps
+	// go with the others.
+	r.settleRestoredFlows(services)
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
 		errs = append(errs, err)
 	}

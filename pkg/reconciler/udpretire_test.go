@@ -664,3 +664,71 @@ func TestUDPStandbyHeldAfterRetry(t *testing.T) {
 		retired(t, f)
 	})
 }
+
+// TestUDPRestoredFlowsReleasedOutOfSync: the flows Restore read at a
+// live master's address keep their backends' entries only for a
+// retirement that failed and is retried: an Apply out of sync (a
+// frontend refused for capacity, every time) drops the others all the
+// same, and b3 (standby before the restart, named by nothing after it)
+// is deleted and flushed. Before, they were dropped only once an Apply
+// ended in sync: b3 held its entry as long as the refusals went on, and
+// the frontend refused for want of it was refused for ever.
+func TestUDPRestoredFlowsReleasedOutOfSync(t *testing.T) {
+	b1, b3 := be(5, 1, model.UDP), be(5, 3, model.UDP)
+	c1, c2, c3, c4 := be(6, 1, model.UDP), be(6, 2, model.UDP), be(6, 3, model.UDP), be(6, 4, model.UDP)
+	// restart programs, in a backend map of 4, udpLB's ClusterIP and
+	// the LoadBalancer IP with b1 serving and b3 standby (with flows at
+	// the LoadBalancer IP to both), and restarts.
+	restart := func(t *testing.T) (*fakedp.Fake, *reconciler.Reconciler) {
+		t.Helper()
+		f, c := newFakeSized(t, 32, 4, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+		r := newUDPRetiring(f, c)
+		mustApply(t, r, state(append(udpLB(false, b1), lbService("dns", b1, b3))...))
+		lb := lbService("dns", b1)
+		lb.Standby = []model.L4Addr{b3.L4Addr}
+		mustApply(t, r, state(append(udpLB(false, b1), lb)...))
+		f.SetUDPFlows(map[model.L4Addr][]model.L4Addr{udpLBIP: {b1.L4Addr, b3.L4Addr}})
+		r = newUDPRetiring(f, c)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		return f, r
+	}
+	// released checks that b3's entry went, its flows flushed.
+	released := func(t *testing.T, f *fakedp.Fake) {
+		t.Helper()
+		if got := backendAddrs(t, f); slices.Contains(got, b3.L4Addr) {
+			t.Errorf("backend entries %v, want %s deleted (named by nothing)", got, b3.L4Addr)
+		}
+		if fl, want := f.Flushed(), []model.L4Addr{b3.L4Addr}; !slices.Equal(fl, want) {
+			t.Errorf("flushed %v, want %v", fl, want)
+		}
+	}
+	t.Run("InSyncBesideFailing", func(t *testing.T) {
+		f, r := restart(t)
+		// The LoadBalancer IP in sync (b1 only), and another Service
+		// that needs more backend entries than are left.
+		big := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "big", c1, c2, c3, c4)
+		st := state(append(udpLB(false, b1), lbService("dns", b1), big)...)
+		for i := range 2 {
+			if err := r.Apply(st); !errors.Is(err, reconciler.ErrCapacity) {
+				t.Fatalf("Apply %d: %v, want ErrCapacity", i+1, err)
+			}
+		}
+		released(t, f)
+	})
+	t.Run("Failing", func(t *testing.T) {
+		f, r := restart(t)
+		// The LoadBalancer IP wants b1 and three more: they fit only
+		// without b3.
+		st := state(append(udpLB(false, b1), lbService("dns", b1, c1, c2, c3))...)
+		if err := r.Apply(st); !errors.Is(err, reconciler.ErrCapacity) {
+			t.Fatalf("first Apply: %v, want ErrCapacity (b3 held until its end)", err)
+		}
+		if err := r.Apply(st); err != nil {
+			t.Fatalf("second Apply: %v, want b3's room", err)
+		}
+		checkProgrammed(t, f, st)
+		released(t, f)
+	})
+}

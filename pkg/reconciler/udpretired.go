@@ -142,6 +142,27 @@ func (r *Reconciler) dropRestoredFlows(addr model.L4Addr) {
 	}
 }
 
+// settleRestoredFlows, once an Apply (of services) has removed and
+// programmed its frontends, forgets the flows Restore read at every
+// address but those whose master is still live though services do not
+// want it (its retirement, or its removal, failed: the next Apply retries
+// it, and holdUDPFlows wants them then). The others are of no use any
+// more: their master retired or deleted, or wanted (its view has its
+// Service, or its programming failed and its Service names the backends
+// it wants, standby ones too, while it is refused). Not only once an
+// Apply ends in sync: a frontend refused at every Apply would keep their
+// backends' entries for ever, out of the room a refused frontend may
+// free (freeable).
+func (r *Reconciler) settleRestoredFlows(services model.Services) {
+	for addr := range r.restoredFlows {
+		fe := DefaultScope(addr)
+		if v := r.frontends.val(fe); v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0 && !wanted(services, fe) {
+			continue
+		}
+		r.dropRestoredFlows(addr)
+	}
+}
+
 // restoredHeld says whether the flows Restore read at a live master's
 // address name backend a (its entry is kept until they are used or
 // dropped).
