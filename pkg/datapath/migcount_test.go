@@ -37,9 +37,16 @@ func TestResizeKeepsHalfOpenCount(t *testing.T) {
 	forCTFamilies(t, testResizeKeepsHalfOpenCount[sockCt4Key, sockCt4Entry], testResizeKeepsHalfOpenCount[tcCt6Key, tcCt6Entry])
 }
 
-func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "migcount")
+// migCountNode is the start of a test of the half-open count across a
+// migrating start: in a network namespace of its own (name) and a bpffs
+// directory of the test's, the previous agent d1 on sl-r (sl-s beside
+// it, unattached), with a share of 16 (no resync band: halfOpenBand);
+// its conntrack map of fam's family (old), that family's number, and
+// the next start's config, which resizes sluice_conntrack (the shims).
+func migCountNode[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V], name string) (bpffs string, d1 *Datapath, old *ebpf.Map, family uint32, next Config) {
+	t.Helper()
+	bpffs = testPinDir(t)
+	ns := topology.NewNS(t, name)
 	ns.Enter(t)
 	addVeths(t, [2]string{"sl-r", "sl-s"})
 	small := func(dir string) Config {
@@ -47,15 +54,22 @@ func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fa
 		c.CTHalfOpenMax = 16 // no resync band (halfOpenBand)
 		return c
 	}
-	d1 := openTest(t, small(bpffs))
+	d1 = openTest(t, small(bpffs))
 	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
 		t.Fatal(err)
 	}
-	family := uint32(4)
+	family = 4
 	if fam.v6 {
 		family = 6
 	}
-	old, _ := fam.maps(d1)
+	old, _ = fam.maps(d1)
+	next = small(bpffs)
+	next.MaxConntrack = 8192
+	return bpffs, d1, old, family, next
+}
+
+func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+	_, d1, old, family, cfg := migCountNode(t, fam, "migcount")
 	count := func(d int64) {
 		t.Helper()
 		if err := d1.Maps().adjustHalfOpen(family, d); err != nil {
@@ -124,8 +138,6 @@ func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fa
 	plant(40013, ctFlagSNAT, ctFlagSNAT|ctFlagAdmitted, true, false)
 	wantCounted(t, d1.Maps(), fam.v6, 3, "before the resize")
 
-	cfg := small(bpffs)
-	cfg.MaxConntrack = 8192
 	d2 := openTest(t, cfg)
 	if shim, _ := d2.migrating(); !shim {
 		t.Fatal("migrating() = false: want the shims")

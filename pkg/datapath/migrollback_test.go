@@ -11,7 +11,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // TestMigRollbackKeepsHalfOpenCount (review12 MED-1): a start that
@@ -31,26 +30,7 @@ func TestMigRollbackKeepsHalfOpenCount(t *testing.T) {
 }
 
 func testMigRollbackKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "migrollback")
-	ns.Enter(t)
-	addVeths(t, [2]string{"sl-r", "sl-s"})
-	small := func(dir string) Config {
-		c := smallConfig(dir)
-		c.CTHalfOpenMax = 16 // no resync band (halfOpenBand)
-		return c
-	}
-	d1 := openTest(t, small(bpffs))
-	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
-		t.Fatal(err)
-	}
-	family := uint32(4)
-	if fam.v6 {
-		family = 6
-	}
-	old, _ := fam.maps(d1)
-	cfg := small(bpffs)
-	cfg.MaxConntrack = 8192
+	bpffs, d1, old, family, cfg := migCountNode(t, fam, "migrollback")
 	d2, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
