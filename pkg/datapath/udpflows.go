@@ -56,62 +56,34 @@ func (m *Maps) UDPFlowBackends() (map[model.L4Addr][]reconciler.UDPFlowBackend, 
 		m    *ebpf.Map
 		v6   bool
 	}{{mapConntrack, m.conntrack, false}, {mapCTNew, m.ctNew, false}, {mapConntrack6, m.conntrack6, true}, {mapCTNew6, m.ctNew6, true}} {
-		if t.m == nil {
-			continue
-		}
 		if t.v6 {
-			err = udpForwardEntries[tcCt6Key, tcCt6Entry](t.m, now, add)
+			err = udpForwardEntries[tcCt6Key, tcCt6Entry](t.m, t.name, now, add)
 		} else {
-			err = udpForwardEntries[sockCt4Key, sockCt4Entry](t.m, now, add)
+			err = udpForwardEntries[sockCt4Key, sockCt4Entry](t.m, t.name, now, add)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("read %s: %w", t.name, err))
+			errs = append(errs, err)
 		}
 	}
 	return out, errors.Join(errs...)
 }
 
 // udpForwardEntries gives add the destination, NAT address and backend
-// id of every live forward entry of a UDP flow in the conntrack table m,
-// of key type K and value type V (an expired or lapsed one is no flow
-// the datapath follows).
-//
-// It reads the table in batches (countBatch entries a system call, as
-// countEntries does), one key at a time only where the kernel has no
-// batch lookup: a table of a million entries is then a few hundred
-// calls, not two million, and a batch walk goes on through entries
-// changing under it, where Iterate gives up on a busy LRU
-// (ErrIterationAborted).
-func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, now uint64, add func(fe, be netip.AddrPort, id uint32)) error {
-	visit := func(k K, v V) {
-		_, dst, proto, dir := k.tuple()
-		w := v.view()
+// id of every live forward entry of a UDP flow in the conntrack table m
+// (name; nil: none), of key type K and value type V (an expired or
+// lapsed one is no flow the datapath follows). It reads the table as
+// eachEntry does: in batches (a table of a million entries is a few
+// hundred system calls, not two million, and a batch walk goes on
+// through entries changing under it, where Iterate gives up on a busy
+// LRU: ErrIterationAborted), one key at a time only where the kernel has
+// no batch lookup.
+func udpForwardEntries[K ctKey, V ctValue](m *ebpf.Map, name string, now uint64, add func(fe, be netip.AddrPort, id uint32)) error {
+	return eachEntry(m, name, func(k *K, v *V) {
+		_, dst, proto, dir := (*k).tuple()
+		w := (*v).view()
 		if proto != uint8(model.UDP) || dir != ctForward || int64(w.expires-now) <= 0 {
 			return
 		}
 		add(dst, w.nat, w.backendID)
-	}
-	batch := min(countBatch, int(m.MaxEntries()))
-	keys, vals := make([]K, batch), make([]V, batch)
-	var cursor ebpf.MapBatchCursor
-	for first := true; ; first = false {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			visit(keys[i], vals[i])
-		}
-		switch {
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			return nil
-		case first && n == 0 && errors.Is(err, ebpf.ErrNotSupported):
-			var k K
-			var v V
-			it := m.Iterate()
-			for it.Next(&k, &v) {
-				visit(k, v)
-			}
-			return it.Err()
-		case err != nil:
-			return err
-		}
-	}
+	})
 }
