@@ -123,8 +123,8 @@ func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fa
 			t.Fatal(err)
 		}
 		f := v.view().flags
-		setCounted(&v)
-		setFlags(&v, ctFlagReplied|ctFlagAwait|ctFlagAssured)
+		orCTFlags(&v, ctFlagCounted)
+		orCTFlags(&v, ctFlagReplied|ctFlagAwait|ctFlagAssured)
 		if err := old.Update(fk, &v, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}
@@ -172,16 +172,6 @@ func testResizeKeepsHalfOpenCount[K ctMigKey[K], V ctTestValue](t *testing.T, fa
 		}
 	}
 	wantCounted(t, d2.Maps(), fam.v6, 2, "after the collections")
-}
-
-// setFlags sets bits on the conntrack entry v (of either family).
-func setFlags[V ctValue](v *V, bits uint32) {
-	switch e := any(v).(type) {
-	case *sockCt4Entry:
-		e.Flags |= bits
-	case *tcCt6Entry:
-		e.Flags |= bits
-	}
 }
 
 // TestResizeCopiedBackReservationCountedOnce: during a resize, a new

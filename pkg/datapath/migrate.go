@@ -201,7 +201,7 @@ func uncountEntries[K ctKey, V ctValue](m *ebpf.Map) error {
 		if err := m.Lookup(&keys[i], &v); err != nil {
 			return fmt.Errorf("look up conntrack entry: %w", err)
 		}
-		setCounted(&v)
+		orCTFlags(&v, ctFlagCounted)
 		if err := m.Update(&keys[i], &v, ebpf.UpdateExist); err != nil {
 			return fmt.Errorf("mark conntrack entry taken off: %w", err)
 		}
@@ -209,14 +209,14 @@ func uncountEntries[K ctKey, V ctValue](m *ebpf.Map) error {
 	return nil
 }
 
-// setCounted sets CT_F_COUNTED on the conntrack entry v (of either
+// orCTFlags sets bits in the flags of the conntrack entry v (of either
 // family).
-func setCounted[V ctValue](v *V) {
+func orCTFlags[V ctValue](v *V, bits uint32) {
 	switch e := any(v).(type) {
 	case *sockCt4Entry:
-		e.Flags |= ctFlagCounted
+		e.Flags |= bits
 	case *tcCt6Entry:
-		e.Flags |= ctFlagCounted
+		e.Flags |= bits
 	}
 }
 
