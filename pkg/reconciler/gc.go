@@ -59,7 +59,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
 		wanted: func(a model.L4Addr) bool { return want()[a] },
-		held:   func(a model.L4Addr) bool { return r.standby(a) || r.heldForFlows(a) || r.restoredHeld(a) },
+		held:   r.keptForFlows,
 		deleted: func(a model.L4Addr) {
 			r.nbackends[familyOf(a.Addr)]--
 			// A stray duplicate's delete (the address's entry is another

@@ -130,16 +130,31 @@ func (r *Reconciler) dropRestoredFlows(addr model.L4Addr) {
 	}
 	delete(r.restoredFlows, addr)
 	for _, a := range bs {
-		n := r.restoredRefs[a] - 1
-		if n > 0 {
-			r.restoredRefs[a] = n
-			continue
-		}
-		delete(r.restoredRefs, a)
-		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) && !r.heldForFlows(a) {
-			r.backendCand[id] = true
-		}
+		r.unkeep(r.restoredRefs, a)
 	}
+}
+
+// unkeep takes one of refs' references to backend a off (heldRefs,
+// restoredRefs); the last gone, a backend nothing else keeps (no slot,
+// keptForFlows false) becomes a candidate for deletion, which flushes its
+// flows (deleteUnusedBackends).
+func (r *Reconciler) unkeep(refs map[model.L4Addr]int32, a model.L4Addr) {
+	if n := refs[a] - 1; n > 0 {
+		refs[a] = n
+		return
+	}
+	delete(refs, a)
+	if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.keptForFlows(a) {
+		r.backendCand[id] = true
+	}
+}
+
+// keptForFlows says whether backend a's entry is kept, with no slot
+// naming it, for flows: a Service port's standby backend, one a retired
+// UDP master holds (heldForFlows), or one the flows Restore read name
+// (restoredHeld).
+func (r *Reconciler) keptForFlows(a model.L4Addr) bool {
+	return r.standby(a) || r.heldForFlows(a) || r.restoredHeld(a)
 }
 
 // settleRestoredFlows, once an Apply (of services) has removed and
@@ -173,15 +188,7 @@ func (r *Reconciler) restoredHeld(a model.L4Addr) bool { return r.restoredRefs[a
 // deleteUnusedBackends).
 func (r *Reconciler) releaseUDPFlows(rec *udpFlows) {
 	for _, a := range rec.backends {
-		n := r.heldRefs[a] - 1
-		if n > 0 {
-			r.heldRefs[a] = n
-			continue
-		}
-		delete(r.heldRefs, a)
-		if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 && !r.standby(a) {
-			r.backendCand[id] = true
-		}
+		r.unkeep(r.heldRefs, a)
 	}
 	rec.held = false
 }
